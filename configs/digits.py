@@ -1,0 +1,131 @@
+"""Default run: the unified model on scikit-learn's bundled 8x8 digits (no download).
+
+Both heads train on one backbone from one task mix: caption -> image (DM), image ->
+answer (AR) and text only (AR).
+
+  python train.py --config configs/digits.py --workdir runs/digits
+  python train.py --config configs/digits.py:tiny --workdir /tmp/tiny   # seconds, for tests
+
+Variants (the part after ':'): "" (default) and "tiny". Any field can be overridden on the
+command line, e.g. --config.num_train_steps=300 --config.model.num_layers=2.
+"""
+import ml_collections
+
+IMAGE = 8  # the digits are 8x8 pixels
+
+
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+  variant = arg or "default"
+  if variant not in ("default", "tiny"):
+    raise ValueError(f"configs/digits.py has no variant {arg!r}: use '' or 'tiny'")
+  c = ml_collections.ConfigDict()
+  c.variant = variant                # which variant of this file built the config
+  c.seed = 0                         # seeds init, data order, noise and dropout
+
+  # ---- Optimisation. ----
+  c.num_train_steps = 3000           # total optimizer steps
+  c.batch_size = 32                  # global batch in packed rows
+  c.learning_rate = 2e-3             # peak AdamW learning rate
+  c.warmup_steps = 100               # linear warm-up steps, then cosine decay
+  c.min_lr_ratio = 0.05              # final learning rate as a fraction of the peak
+  c.weight_decay = 0.01              # AdamW decoupled weight decay (kernels only)
+  c.adam_b1 = 0.9                    # AdamW beta1
+  c.adam_b2 = 0.98                   # AdamW beta2
+  c.grad_clip_norm = 1.0             # global-norm gradient clipping
+  c.ema_decay = 0.999                # EMA of the parameters used for sampling
+
+  # ---- Losses. ----
+  c.ar_loss_weight = 1.0             # weight of the next-token cross-entropy
+  c.dm_loss_weight = 1.0             # lambda: weight of the velocity MSE
+  c.cond_drop_prob = 0.1             # P(caption blanked) per example, for CFG
+  c.timestep_logit_mean = 0.0        # logit-normal timestep sampling (SD3): mean
+  c.timestep_logit_std = 1.0         # ... and standard deviation
+
+  # ---- Logging and checkpoints. ----
+  c.log_every_steps = 50             # metrics.jsonl / progress-bar interval
+  c.eval_every_steps = 1000          # held-out evaluation interval
+  c.checkpoint_every_steps = 500     # orbax checkpoint interval (also at the end)
+  c.keep_checkpoints = 3             # newest checkpoints kept
+  c.progress_bar = True              # tqdm bar on process 0
+
+  # ---- Mesh (see README "Scaling out"). ----
+  c.mesh_axes = ("data", "fsdp", "tensor")   # named mesh axes
+  c.mesh_shape = "(-1,1,1)"          # sizes per axis; one -1 takes the remaining devices
+  c.logical_axis_rules = (           # logical axis name -> mesh axis (or None)
+      ("activation_batch", ("data", "fsdp")),
+      ("activation_length", None),
+      ("activation_embed", None),
+      ("activation_heads", "tensor"),
+      ("activation_kv", None),
+      ("activation_mlp", "tensor"),
+      ("layers", None),
+      ("embed", "fsdp"),
+      ("embed_in", None),
+      ("heads", "tensor"),
+      ("kv_heads", "tensor"),
+      ("kv", None),
+      ("kv_pair", None),
+      ("mlp", "tensor"),
+      ("mlp_pair", None),
+      ("vocab", "tensor"),
+      ("modality", None),
+      ("patch", None),
+      ("time", None),
+      ("norm", None),
+  )
+
+  # ---- Data. ----
+  c.data = ml_collections.ConfigDict()
+  c.data.dataset = "digits"          # scikit-learn's bundled digits (1500 train / 297 held out)
+  c.data.seq_len = 128               # packed row length in tokens
+  c.data.examples_per_row = 3        # examples drawn per packed row
+  c.data.patch_size = 2              # 8x8 image -> (8/p)^2 patches of p*p pixels
+  c.data.patch_dim = 4               # width of the patches field (>= patch_size**2)
+  c.data.shift_pixels = 1            # random shift augmentation for the reading task
+  c.data.task_weights = ml_collections.ConfigDict(
+      {"generation": 0.45, "reasoning": 0.45, "text": 0.1})  # task mix
+
+  # ---- Model (becomes the frozen mot.config.ModelConfig). ----
+  c.model = ml_collections.ConfigDict()
+  c.model.d_model = 256              # residual width
+  c.model.num_layers = 4             # transformer blocks
+  c.model.num_heads = 4              # query heads
+  c.model.num_kv_heads = 2           # key/value heads (grouped-query attention)
+  c.model.head_dim = 64              # per-head width
+  c.model.mlp_dim = 768              # SwiGLU hidden width
+  c.model.patch_dim = c.data.get_ref("patch_dim")  # P, shared with the data
+  c.model.modality_patch_dims = (0, 4, 4, 2)  # real patch dims of text/image/video/action
+  c.model.rope_sections = (8, 12, 12)  # M-RoPE frequencies for (t, h, w); sum = head_dim/2
+  c.model.rope_theta = 10000.0       # RoPE base
+  c.model.rope_interleaved = False   # Qwen3-VL interleaved layout instead of Qwen2-VL's
+  c.model.time_embed_dim = 256       # sinusoidal timestep features
+  c.model.experts = "shared"         # "shared" | "mode" | "modality" weight tying
+  c.model.scan_layers = True         # nn.scan over blocks (faster compiles)
+  c.model.remat_policy = "none"      # "none" or a jax.checkpoint_policies name
+  c.model.dtype = "float32"          # compute dtype (bf16 is no faster on CPU)
+  c.model.param_dtype = "float32"    # parameter dtype
+
+  # ---- Sampling defaults (sample.py, evaluation). ----
+  c.sample = ml_collections.ConfigDict()
+  c.sample.steps = 32                # denoising steps
+  c.sample.sampler = "euler"         # "euler" | "heun"
+  c.sample.cfg_scale = 1.0           # classifier-free guidance scale (1 = conditional only)
+
+  if variant == "tiny":
+    c.num_train_steps = 4
+    c.batch_size = 8
+    c.warmup_steps = 1
+    c.log_every_steps = 2
+    c.eval_every_steps = 4
+    c.checkpoint_every_steps = 2
+    c.progress_bar = False
+    c.model.d_model = 64
+    c.model.num_layers = 2
+    c.model.num_heads = 2
+    c.model.num_kv_heads = 1
+    c.model.head_dim = 32
+    c.model.rope_sections = (4, 6, 6)
+    c.model.mlp_dim = 128
+    c.model.time_embed_dim = 64
+    c.sample.steps = 4
+  return c

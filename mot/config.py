@@ -1,0 +1,134 @@
+"""ConfigDict -> one frozen model config, plus validation of the whole run config.
+
+Modules receive a single `ModelConfig` (Flax examples: "to minimise obnoxious kwarg
+plumbing"). `validate(config)` checks every field a user is likely to get wrong *before*
+anything compiles, and raises `ConfigError` with one line naming the field and the fix.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+from mot import tokenizer
+
+EXPERT_MODES = ("shared", "mode", "modality")
+
+
+class ConfigError(ValueError):
+  """A config value that cannot work; the message names the field and the fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Hyper-parameters of the backbone and both heads (see configs/*.py for meanings)."""
+  vocab_size: int = tokenizer.VOCAB_SIZE
+  d_model: int = 256
+  num_layers: int = 4
+  num_heads: int = 4
+  num_kv_heads: int = 2
+  head_dim: int = 64
+  mlp_dim: int = 1024
+  patch_dim: int = 4                     # P: width of the `patches` field
+  modality_patch_dims: tuple[int, ...] = (0, 4, 4, 2)  # valid patch dims per modality id
+  rope_sections: tuple[int, int, int] = (8, 12, 12)
+  rope_theta: float = 10000.0
+  rope_interleaved: bool = False         # Qwen3-VL interleaved layout instead of Qwen2-VL
+  time_embed_dim: int = 256              # sinusoidal features of the diffusion timestep
+  experts: str = "shared"
+  scan_layers: bool = True
+  remat_policy: str = "none"             # "none" or a jax.checkpoint_policies name
+  dtype: str = "float32"                 # compute dtype
+  param_dtype: str = "float32"
+  norm_eps: float = 1e-6
+  attention_impl: str | None = None      # None: let JAX pick (cuDNN on GPU, XLA elsewhere)
+
+  @property
+  def num_modalities(self) -> int:
+    return len(self.modality_patch_dims)
+
+  @property
+  def compute_dtype(self):
+    return jnp.dtype(self.dtype)
+
+  @property
+  def params_dtype(self):
+    return jnp.dtype(self.param_dtype)
+
+  @classmethod
+  def from_config(cls, model_cfg: Any, **overrides) -> "ModelConfig":
+    fields = {f.name for f in dataclasses.fields(cls)}
+    values = {k: v for k, v in dict(model_cfg).items() if k in fields}
+    for key in ("rope_sections", "modality_patch_dims"):
+      if key in values:
+        values[key] = tuple(int(x) for x in values[key])
+    values.update(overrides)
+    return cls(**values)
+
+
+def _check(ok: bool, message: str) -> None:
+  if not ok:
+    raise ConfigError(message)
+
+
+def validate_model(m: ModelConfig) -> None:
+  """Checks that the model fields are consistent with each other."""
+  for name in ("d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+               "mlp_dim", "patch_dim", "time_embed_dim"):
+    value = getattr(m, name)
+    _check(isinstance(value, int) and value > 0,
+           f"config.model.{name}={value!r} must be a positive integer")
+  _check(m.num_heads % m.num_kv_heads == 0,
+         f"config.model.num_heads={m.num_heads} is not divisible by "
+         f"config.model.num_kv_heads={m.num_kv_heads}: pick num_kv_heads that divides it")
+  _check(m.head_dim % 2 == 0, f"config.model.head_dim={m.head_dim} must be even for RoPE")
+  _check(len(m.rope_sections) == 3 and all(s >= 0 for s in m.rope_sections),
+         f"config.model.rope_sections={m.rope_sections} must be three non-negative ints (t, h, w)")
+  _check(sum(m.rope_sections) == m.head_dim // 2,
+         f"config.model.rope_sections={tuple(m.rope_sections)} sums to {sum(m.rope_sections)} "
+         f"but must sum to head_dim // 2 = {m.head_dim // 2}: e.g. (8, 12, 12) for head_dim 64")
+  _check(m.experts in EXPERT_MODES,
+         f"config.model.experts={m.experts!r} is unknown: use one of {EXPERT_MODES}")
+  _check(max(m.modality_patch_dims) <= m.patch_dim,
+         f"config.model.patch_dim={m.patch_dim} is smaller than a modality's patch "
+         f"({max(m.modality_patch_dims)}): raise patch_dim")
+  _check(m.rope_theta > 0, f"config.model.rope_theta={m.rope_theta} must be positive")
+  for name in ("dtype", "param_dtype"):
+    try:
+      jnp.dtype(getattr(m, name))
+    except TypeError:
+      raise ConfigError(f"config.model.{name}={getattr(m, name)!r} is not a dtype: "
+                        "use float32 or bfloat16") from None
+  if m.remat_policy != "none":
+    import jax  # local: only needed for the lookup
+    _check(hasattr(jax.checkpoint_policies, m.remat_policy),
+           f"config.model.remat_policy={m.remat_policy!r} is not in jax.checkpoint_policies: "
+           "use 'none', 'nothing_saveable' or 'dots_with_no_batch_dims_saveable'")
+
+
+def validate(config: Any) -> ModelConfig:
+  """Validates a full run config; returns its frozen ModelConfig."""
+  for name in ("num_train_steps", "batch_size", "log_every_steps",
+               "checkpoint_every_steps", "eval_every_steps"):
+    value = config.get(name)
+    _check(isinstance(value, int) and not isinstance(value, bool) and value > 0,
+           f"config.{name}={value!r} must be a positive integer")
+  _check(config.learning_rate > 0 and config.learning_rate == config.learning_rate,
+         f"config.learning_rate={config.learning_rate} must be a positive number")
+  _check(0 <= config.warmup_steps, f"config.warmup_steps={config.warmup_steps} must be >= 0")
+  _check(0.0 <= config.cond_drop_prob < 1.0,
+         f"config.cond_drop_prob={config.cond_drop_prob} must be in [0, 1)")
+  _check(0.0 <= config.ema_decay < 1.0,
+         f"config.ema_decay={config.ema_decay} must be in [0, 1)")
+  _check(config.dm_loss_weight >= 0,
+         f"config.dm_loss_weight={config.dm_loss_weight} must be >= 0")
+  try:
+    model = ModelConfig.from_config(config.model)
+  except TypeError as e:
+    raise ConfigError(f"config.model has a bad field: {e}") from None
+  validate_model(model)
+  _check(config.data.patch_size ** 2 <= model.patch_dim,
+         f"config.data.patch_size={config.data.patch_size} needs patch_dim >= "
+         f"{config.data.patch_size ** 2} but config.model.patch_dim={model.patch_dim}")
+  return model

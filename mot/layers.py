@@ -1,0 +1,135 @@
+"""Building blocks: RMSNorm, grouped-query attention with QK-norm and M-RoPE, SwiGLU MLP,
+timestep embedding. Parameters carry logical axis names; no mesh axis appears here."""
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from mot import rope
+from mot.config import ModelConfig
+
+Array = jax.Array
+
+
+def dense_init(fan_in: int, names: tuple[str, ...], scale: float = 1.0):
+  """Truncated-normal init with std scale/sqrt(fan_in), boxed with logical axis names."""
+  std = scale / math.sqrt(fan_in)
+  return nn.with_logical_partitioning(nn.initializers.truncated_normal(std), names)
+
+
+class Linear(nn.Module):
+  """x [..., *in_shape] -> [..., *out_shape] with one kernel [*in_shape, *out_shape].
+
+  Unlike nn.DenseGeneral, the kernel is created in its final shape, so its logical axis
+  names (one per kernel dim) hold at init time under a mesh.
+  """
+  cfg: ModelConfig
+  out_shape: tuple[int, ...]
+  names: tuple[str, ...]
+  in_dims: int = 1            # trailing input dims contracted
+  scale: float = 1.0          # init std multiplier
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    in_shape = x.shape[x.ndim - self.in_dims:]
+    kernel = self.param("kernel", dense_init(math.prod(in_shape), self.names, self.scale),
+                        (*in_shape, *self.out_shape), self.cfg.params_dtype)
+    kernel = kernel.astype(self.cfg.compute_dtype)
+    x = x.astype(self.cfg.compute_dtype)
+    return jax.lax.dot_general(x, kernel, (((tuple(range(x.ndim - self.in_dims, x.ndim))),
+                                            tuple(range(self.in_dims))), ((), ())))
+
+
+class RMSNorm(nn.Module):
+  """Root-mean-square norm over the last axis with a learned scale (init 1)."""
+  cfg: ModelConfig
+  axis_name: str = "norm"
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones,
+                                                             (self.axis_name,)),
+                       (x.shape[-1],), self.cfg.params_dtype)
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.cfg.norm_eps)
+    return (x32 * scale.astype(jnp.float32)).astype(self.cfg.compute_dtype)
+
+
+class Attention(nn.Module):
+  """Grouped-query attention over the whole (packed) sequence.
+
+  q: [B, Lq, H, D]; k, v: [B, Lk, K, D] with H % K == 0. With `cache` (dict of k, v
+  [B, Lmax, K, D]) the new keys/values are written at `cache_index` and the queries
+  attend over the whole cache; the mask then has Lk = Lmax.
+  """
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: Array, positions: Array, mask: Array, cache=None, cache_index=None):
+    cfg = self.cfg
+    d, h, kv, hd = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    dt = cfg.compute_dtype
+    q = Linear(cfg, (h, hd), ("embed", "heads", "kv"), name="query")(x)
+    kv_pair = Linear(cfg, (2, kv, hd), ("embed", "kv_pair", "kv_heads", "kv"),
+                     name="key_value")(x)
+    k, v = kv_pair[:, :, 0], kv_pair[:, :, 1]
+    q = RMSNorm(cfg, axis_name="kv", name="query_norm")(q)
+    k = RMSNorm(cfg, axis_name="kv", name="key_norm")(k)
+    q = rope.apply_mrope(q, positions, cfg.rope_sections, cfg.rope_theta, cfg.rope_interleaved)
+    k = rope.apply_mrope(k, positions, cfg.rope_sections, cfg.rope_theta, cfg.rope_interleaved)
+    new_cache = None
+    if cache is not None:
+      start = (0, cache_index, 0, 0)
+      k = jax.lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), start)
+      v = jax.lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), start)
+      new_cache = {"k": k, "v": v}
+    out = jax.nn.dot_product_attention(q, k.astype(dt), v.astype(dt), mask=mask,
+                                       implementation=cfg.attention_impl)
+    out = nn.with_logical_constraint(out, ("activation_batch", "activation_length",
+                                           "activation_heads", "activation_kv"))
+    out = Linear(cfg, (d,), ("heads", "kv", "embed"), in_dims=2, name="out")(out)
+    return out, new_cache
+
+
+class SwiGLU(nn.Module):
+  """Gated MLP: down(silu(gate(x)) * up(x)), gate and up fused in one matmul."""
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    cfg = self.cfg
+    dt = cfg.compute_dtype
+    gate_up = Linear(cfg, (2, cfg.mlp_dim), ("embed", "mlp_pair", "mlp"), name="wi")(x)
+    hidden = nn.silu(gate_up[..., 0, :]) * gate_up[..., 1, :]
+    hidden = nn.with_logical_constraint(hidden, ("activation_batch", "activation_length",
+                                                 "activation_mlp"))
+    return Linear(cfg, (cfg.d_model,), ("mlp", "embed"), name="wo")(hidden)
+
+
+def timestep_features(t: Array, dim: int, max_period: float = 10000.0) -> Array:
+  """Sinusoidal features float32 [..., dim] of t in [0, 1] (scaled by 1000 as in DiT)."""
+  half = dim // 2
+  freqs = jnp.exp(-math.log(max_period) * jnp.arange(half, dtype=jnp.float32) / half)
+  args = (t.astype(jnp.float32) * 1000.0)[..., None] * freqs
+  return jnp.concatenate([jnp.cos(args), jnp.sin(args)], axis=-1)
+
+
+class TimestepEmbedding(nn.Module):
+  """t [B, L] -> [B, L, d_model]: sinusoidal features then a SiLU MLP."""
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, t: Array) -> Array:
+    cfg = self.cfg
+    feats = timestep_features(t, cfg.time_embed_dim).astype(cfg.compute_dtype)
+    x = nn.Dense(cfg.d_model, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
+                 kernel_init=dense_init(cfg.time_embed_dim, ("time", "embed")),
+                 bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+                 name="fc1")(feats)
+    return nn.Dense(cfg.d_model, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
+                    kernel_init=dense_init(cfg.d_model, ("embed_in", "embed")),
+                    bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+                    name="fc2")(nn.silu(x))

@@ -1,0 +1,215 @@
+"""The unified model: one backbone, an AR head (text) and a DM head (patches).
+
+Inputs follow DESIGN §1. Text positions embed their token; media positions project their
+(possibly noised) patch with a per-modality linear map and add the diffusion timestep's
+embedding (t = 0 for clean media). N pre-norm blocks (GQA + QK-norm + M-RoPE, SwiGLU) run
+under the one mask rule of `mot.masks`. The AR head is final norm + unembedding; the DM
+head is an adaptive (timestep-modulated) final norm + linear map to patch space that
+predicts the rectified-flow velocity `noise - x0`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from mot import layers, masks
+from mot.config import ModelConfig
+
+Array = jax.Array
+ACTIVATION = ("activation_batch", "activation_length", "activation_embed")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class ModelInputs:
+  """What the backbone reads for L new tokens (all [B, L] unless noted)."""
+  tokens: Array         # int32 text ids, 0 at patch positions
+  patches: Array        # float [B, L, P] patch values (already noised where noised)
+  modality: Array       # int32 0 text, 1 image, 2 video, 3 action
+  positions: Array      # int32 [B, L, 3] M-RoPE (t, h, w)
+  timesteps: Array      # float diffusion time per token, 0 for clean media and text
+  mask_ids: masks.MaskIds
+
+
+class Block(nn.Module):
+  """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x, positions, mask, cache, cache_index):
+    x = nn.with_logical_constraint(x, ACTIVATION)
+    attn, new_cache = layers.Attention(self.cfg, name="attention")(
+        layers.RMSNorm(self.cfg, axis_name="embed", name="attention_norm")(x),
+        positions, mask, cache, cache_index)
+    x = x + attn
+    x = x + layers.SwiGLU(self.cfg, name="mlp")(
+        layers.RMSNorm(self.cfg, axis_name="embed", name="mlp_norm")(x))
+    return nn.with_logical_constraint(x, ACTIVATION), new_cache
+
+
+class ScannedBlock(nn.Module):
+  """`Block` with the (carry, scanned) signature `nn.scan` needs."""
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x, cache, positions, mask, cache_index):
+    return Block(self.cfg, name="block")(x, positions, mask, cache, cache_index)
+
+
+def _remat(cls, cfg: ModelConfig, static_argnums=()):
+  if cfg.remat_policy == "none":
+    return cls
+  policy = getattr(jax.checkpoint_policies, cfg.remat_policy)
+  return nn.remat(cls, policy=policy, prevent_cse=not cfg.scan_layers,
+                  static_argnums=static_argnums)
+
+
+class Backbone(nn.Module):
+  """N blocks, scanned (`cfg.scan_layers`) and rematerialised (`cfg.remat_policy`)."""
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x, positions, mask, cache=None, cache_index=None):
+    cfg = self.cfg
+    if cfg.scan_layers:
+      stack = nn.scan(_remat(ScannedBlock, cfg), variable_axes={"params": 0},
+                      split_rngs={"params": True},
+                      in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
+                      length=cfg.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
+      return stack(cfg, name="layers")(x, cache, positions, mask, cache_index)
+    new_caches = []
+    block_cls = _remat(Block, cfg)
+    for i in range(cfg.num_layers):
+      layer_cache = None if cache is None else jax.tree.map(lambda c: c[i], cache)
+      x, c = block_cls(cfg, name=f"layers_{i}")(x, positions, mask, layer_cache, cache_index)
+      new_caches.append(c)
+    new_cache = None if cache is None else jax.tree.map(lambda *c: jnp.stack(c), *new_caches)
+    return x, new_cache
+
+
+class InputEmbedding(nn.Module):
+  """Token embedding at text positions; patch projection + timestep embedding elsewhere."""
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, inputs: ModelInputs, t_emb: Array) -> Array:
+    cfg = self.cfg
+    table = self.param("token_embedding",
+                       nn.with_logical_partitioning(nn.initializers.normal(1.0),
+                                                    ("vocab", "embed")),
+                       (cfg.vocab_size, cfg.d_model), cfg.params_dtype)
+    text = jnp.take(table, inputs.tokens, axis=0).astype(cfg.compute_dtype)
+    proj = self.param("patch_projection",
+                      layers.dense_init(cfg.patch_dim, ("modality", "patch", "embed")),
+                      (cfg.num_modalities, cfg.patch_dim, cfg.d_model), cfg.params_dtype)
+    # Every modality's projection of every patch costs M*P*d per token (P is a few dims),
+    # far below one block; a one-hot then selects the token's own modality.
+    onehot = jax.nn.one_hot(inputs.modality, cfg.num_modalities, dtype=cfg.compute_dtype)
+    media = jnp.einsum("blp,mpd,blm->bld", inputs.patches.astype(cfg.compute_dtype),
+                       proj.astype(cfg.compute_dtype), onehot) + t_emb
+    return jnp.where((inputs.modality == 0)[..., None], text, media)
+
+
+class ARHead(nn.Module):
+  """Final RMSNorm + unembedding -> logits float32 [B, L, V]."""
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, h: Array) -> Array:
+    cfg = self.cfg
+    h = layers.RMSNorm(cfg, axis_name="embed", name="norm")(h)
+    logits = layers.Linear(cfg, (cfg.vocab_size,), ("embed", "vocab"), name="unembed")(h)
+    return logits.astype(jnp.float32)
+
+
+class DMHead(nn.Module):
+  """Timestep-modulated final norm + linear -> velocity float32 [B, L, P].
+
+  The modulation (shift, scale) is zero-initialised so training starts from a plain
+  norm, as DiT's adaLN-zero.
+  """
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, h: Array, t_emb: Array) -> Array:
+    cfg = self.cfg
+    mod = nn.Dense(2 * cfg.d_model, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
+                   kernel_init=nn.with_logical_partitioning(nn.initializers.zeros,
+                                                            ("embed_in", "embed")),
+                   bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+                   name="modulation")(nn.silu(t_emb))
+    shift, scale = jnp.split(mod, 2, axis=-1)
+    h32 = h.astype(jnp.float32)
+    h32 = h32 * jax.lax.rsqrt(jnp.mean(h32 * h32, -1, keepdims=True) + cfg.norm_eps)
+    h = (h32 * (1 + scale) + shift).astype(cfg.compute_dtype)
+    v = layers.Linear(cfg, (cfg.patch_dim,), ("embed", "patch"), name="out")(h)
+    bias = self.param("out_bias", nn.with_logical_partitioning(nn.initializers.zeros,
+                                                               ("patch",)),
+                      (cfg.patch_dim,), cfg.params_dtype)
+    return v.astype(jnp.float32) + bias.astype(jnp.float32)
+
+
+class MoT(nn.Module):
+  """The whole model. `__call__` returns (ar_logits, dm_velocity, new_cache).
+
+  With `cache` (from `init_cache`) the inputs are the L new tokens written at
+  `cache_index`; `cache_ids` are the MaskIds of every cache slot (the caller keeps them:
+  the prefix's ids plus these tokens').
+  """
+  cfg: ModelConfig
+
+  def setup(self):
+    self.time_embedding = layers.TimestepEmbedding(self.cfg)
+    self.embed = InputEmbedding(self.cfg)
+    self.backbone = Backbone(self.cfg)
+    self.ar_head = ARHead(self.cfg)
+    self.dm_head = DMHead(self.cfg)
+
+  def __call__(self, inputs: ModelInputs, cache=None, cache_index=None,
+               cache_ids: masks.MaskIds | None = None):
+    h, t_emb, new_cache = self.trunk(inputs, cache, cache_index, cache_ids)
+    return self.ar_head(h), self.dm_head(h, t_emb), new_cache
+
+  def trunk(self, inputs: ModelInputs, cache=None, cache_index=None, cache_ids=None):
+    """Backbone output [B, L, d], timestep embedding [B, L, d], new cache."""
+    t_emb = self.time_embedding(inputs.timesteps)
+    x = self.embed(inputs, t_emb)
+    key_ids = inputs.mask_ids if cache is None else cache_ids
+    mask = masks.attention_mask(inputs.mask_ids, key_ids)
+    h, new_cache = self.backbone(x, inputs.positions, mask, cache, cache_index)
+    return h, t_emb, new_cache
+
+  def logits(self, inputs: ModelInputs, cache=None, cache_index=None, cache_ids=None):
+    """AR head only (reasoning): float32 [B, L, V] and the new cache."""
+    h, _, new_cache = self.trunk(inputs, cache, cache_index, cache_ids)
+    return self.ar_head(h), new_cache
+
+  def velocity(self, inputs: ModelInputs, cache=None, cache_index=None, cache_ids=None):
+    """DM head only (generation): float32 [B, L, P] and the new cache."""
+    h, t_emb, new_cache = self.trunk(inputs, cache, cache_index, cache_ids)
+    return self.dm_head(h, t_emb), new_cache
+
+
+def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> dict[str, Any]:
+  """Zeroed KV cache {k, v}: [num_layers, B, max_len, num_kv_heads, head_dim]."""
+  shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+  dtype = dtype or cfg.compute_dtype
+  return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+
+
+def inputs_from_batch(batch: dict, patches=None, timesteps=None, keep=None) -> ModelInputs:
+  """ModelInputs from a batch dict of DESIGN §1 fields (optionally noised patches)."""
+  noised = batch["dm_mask"] > 0
+  return ModelInputs(
+      tokens=batch["tokens"],
+      patches=batch["patches"] if patches is None else patches,
+      modality=batch["modality"],
+      positions=batch["positions"],
+      timesteps=(jnp.zeros(batch["tokens"].shape, jnp.float32) if timesteps is None
+                 else timesteps),
+      mask_ids=masks.MaskIds.from_fields(batch["segment_ids"], batch["block_ids"], noised,
+                                         keep))

@@ -1,0 +1,321 @@
+"""Train state, the jitted train step, held-out losses, and the training loop.
+
+`train_step(state, batch, rng) -> (state, metrics)` is a pure function: both losses, one
+AdamW update (skipped when the loss or gradients are not finite), and an EMA of the
+parameters for sampling. `train_and_evaluate(config, workdir)` wires it to the mesh, the
+grain input pipeline, orbax checkpoints and the metrics log.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import time
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import logging
+
+from mot import checkpoint as ckpt_lib
+from mot import config as config_lib
+from mot import diffusion, sharding
+from mot.data import packing, pipeline
+from mot.model import MoT, inputs_from_batch
+
+Array = jax.Array
+
+
+class TrainingError(RuntimeError):
+  """Training cannot continue; the message says why and what to do."""
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: Array
+  params: Any
+  opt_state: Any
+  ema_params: Any
+
+
+# ----------------------------------------------------------------------------------------
+# Optimizer and state.
+# ----------------------------------------------------------------------------------------
+def learning_rate_schedule(config) -> optax.Schedule:
+  """Linear warm-up to `learning_rate`, then cosine decay to `min_lr_ratio` of it."""
+  steps = max(config.num_train_steps, config.warmup_steps + 1)
+  return optax.warmup_cosine_decay_schedule(
+      0.0, config.learning_rate, config.warmup_steps, steps,
+      end_value=config.learning_rate * config.min_lr_ratio)
+
+
+def make_optimizer(config) -> optax.GradientTransformation:
+  decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
+  return optax.chain(
+      optax.clip_by_global_norm(config.grad_clip_norm),
+      optax.adamw(learning_rate_schedule(config), b1=config.adam_b1, b2=config.adam_b2,
+                  weight_decay=config.weight_decay, mask=decay_mask))
+
+
+def dummy_batch(model_cfg, seq_len: int, batch: int = 1) -> dict[str, np.ndarray]:
+  """An all-text batch with the DESIGN §1 fields, for shapes and initialisation."""
+  ints = lambda: np.zeros((batch, seq_len), np.int32)
+  return {"tokens": ints(), "patches": np.zeros((batch, seq_len, model_cfg.patch_dim),
+                                                 np.float32),
+          "modality": ints(), "positions": np.zeros((batch, seq_len, 3), np.int32),
+          "segment_ids": np.ones((batch, seq_len), np.int32), "block_ids": ints(),
+          "ar_targets": ints(), "ar_weights": np.zeros((batch, seq_len), np.float32),
+          "dm_mask": np.zeros((batch, seq_len), np.float32),
+          "cond_mask": np.zeros((batch, seq_len), np.float32)}
+
+
+def init_state_fn(model: MoT, tx, seq_len: int):
+  """rng -> TrainState with logically boxed leaves (for eval_shape and shardings)."""
+  def init(rng):
+    variables = model.init(rng, inputs_from_batch(
+        jax.tree.map(jnp.asarray, dummy_batch(model.cfg, seq_len))))
+    params = variables["params"]
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                      opt_state=tx.init(params), ema_params=params)
+  return init
+
+
+def create_train_state(model: MoT, tx, mesh, rules, rng, seq_len: int):
+  """Shapes first, then shardings, then a jitted init: parameters and optimizer state are
+  born sharded and never materialised on one device. Returns (state, shardings)."""
+  init = init_state_fn(model, tx, seq_len)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    abstract = jax.eval_shape(init, rng)
+    shardings = sharding.logical_shardings(abstract, mesh, rules)
+    state = jax.jit(lambda r: nn.meta.unbox(init(r)), out_shardings=shardings)(rng)
+  return state, shardings
+
+
+# ----------------------------------------------------------------------------------------
+# Losses and the train step.
+# ----------------------------------------------------------------------------------------
+def patch_dim_mask(modality: Array, modality_patch_dims: tuple[int, ...], patch_dim: int
+                   ) -> Array:
+  """float [B, L, P]: 1 on the patch dims that are real for each token's modality."""
+  dims = jnp.asarray(modality_patch_dims, jnp.int32)[modality]
+  return (jnp.arange(patch_dim)[None, None, :] < dims[..., None]).astype(jnp.float32)
+
+
+def cfg_dropout(rng, batch, prob: float) -> Array:
+  """bool [B, L]: conditioning tokens blanked for CFG, one coin per packed example."""
+  b, l = batch["segment_ids"].shape
+  coins = jax.random.uniform(rng, (b, l + 1)) < prob
+  dropped = jnp.take_along_axis(coins, batch["segment_ids"], axis=1)
+  return dropped & (batch["cond_mask"] > 0)
+
+
+def compute_losses(params, batch, rng, model: MoT, config):
+  """Noises the DM targets, runs the model once, returns (total, metrics)."""
+  cfg = model.cfg
+  rng_t, rng_noise, rng_drop = jax.random.split(rng, 3)
+  noised = batch["dm_mask"] > 0
+  x0 = batch["patches"]
+  t = diffusion.block_timesteps(rng_t, batch["block_ids"], noised,
+                                config.timestep_logit_mean, config.timestep_logit_std)
+  dims = patch_dim_mask(batch["modality"], cfg.modality_patch_dims, cfg.patch_dim)
+  noise = jax.random.normal(rng_noise, x0.shape, jnp.float32) * dims
+  x_t = jnp.where(noised[..., None], diffusion.add_noise(x0, noise, t), x0)
+  dropped = cfg_dropout(rng_drop, batch, config.cond_drop_prob)
+  inputs = inputs_from_batch(batch, patches=x_t, timesteps=t, keep=~dropped)
+  logits, velocity, _ = model.apply({"params": params}, inputs)
+
+  # A dropped caption is not a target either: the model cannot see the tokens before it.
+  ar_w = batch["ar_weights"] * ~jnp.roll(dropped, -1, axis=1)
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch["ar_targets"])
+  ar_loss = jnp.sum(ce * ar_w) / jnp.maximum(jnp.sum(ar_w), 1.0)
+  dm_loss = diffusion.velocity_loss(velocity, diffusion.velocity_target(x0, noise),
+                                    noised.astype(jnp.float32), dims)
+  total = config.ar_loss_weight * ar_loss + config.dm_loss_weight * dm_loss
+  return total, {"loss": total, "ar_loss": ar_loss, "dm_loss": dm_loss}
+
+
+def ema_decay(step: Array, decay: float) -> Array:
+  """EMA decay warmed up as (1 + step) / (10 + step), capped at `decay`."""
+  step = step.astype(jnp.float32)
+  return jnp.minimum(decay, (1.0 + step) / (10.0 + step))
+
+
+def train_step(state: TrainState, batch: dict, rng: Array, *, model: MoT, tx, config
+               ) -> tuple[TrainState, dict]:
+  """One update. rng is the run's base key; the step's key is fold_in(rng, step)."""
+  step_rng = jax.random.fold_in(rng, state.step)
+  grad_fn = jax.value_and_grad(compute_losses, has_aux=True)
+  (_, metrics), grads = grad_fn(state.params, batch, step_rng, model, config)
+  grad_norm = optax.global_norm(grads)
+  finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  decay = ema_decay(state.step, config.ema_decay)
+  ema = jax.tree.map(lambda e, p: decay * e + (1.0 - decay) * p, state.ema_params, params)
+  new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state,
+                         ema_params=ema)
+  # A non-finite loss or gradient leaves the state as it was (but counts the step).
+  new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, state)
+  new_state = new_state.replace(step=state.step + 1)
+  metrics = dict(metrics, grad_norm=grad_norm, nonfinite=(~finite).astype(jnp.int32),
+                 learning_rate=learning_rate_schedule(config)(state.step))
+  return new_state, metrics
+
+
+def eval_step(params, batch, rng, *, model: MoT, config) -> dict:
+  """Held-out losses with a fixed rng and no CFG dropout."""
+  no_drop = config.copy_and_resolve_references()
+  no_drop.cond_drop_prob = 0.0
+  _, metrics = compute_losses(params, batch, rng, model, no_drop)
+  return metrics
+
+
+def jit_train_step(model, tx, config, mesh, rules, state_shardings):
+  step = functools.partial(train_step, model=model, tx=tx, config=config)
+
+  def with_rules(state, batch, rng):
+    with nn.logical_axis_rules(rules):
+      return step(state, batch, rng)
+
+  batch_shardings = {k: sharding.batch_sharding(mesh, v.ndim)
+                     for k, v in dummy_batch(model.cfg, 1).items()}
+  return jax.jit(with_rules, in_shardings=(state_shardings, batch_shardings,
+                                           sharding.replicated(mesh)),
+                 out_shardings=(state_shardings, sharding.replicated(mesh)),
+                 donate_argnums=0)
+
+
+# ----------------------------------------------------------------------------------------
+# Held-out data.
+# ----------------------------------------------------------------------------------------
+def heldout_batches(config, batch_size: int) -> list[dict[str, np.ndarray]]:
+  """The 297 held-out digits as generation and reasoning examples, packed into rows."""
+  examples = (pipeline.heldout_examples(config.data, "generation")
+              + pipeline.heldout_examples(config.data, "reasoning"))
+  per_row = config.data.examples_per_row
+  rows = []
+  for i in range(0, len(examples), per_row):
+    row, dropped = packing.pack_examples(examples[i:i + per_row], config.data.seq_len)
+    assert dropped == 0, "held-out examples must fit config.data.seq_len"
+    rows.append(row)
+  empty = {k: np.zeros_like(v) for k, v in rows[0].items()}
+  while len(rows) % batch_size:
+    rows.append(empty)
+  return [{k: np.stack([r[k] for r in rows[i:i + batch_size]]) for k in rows[0]}
+          for i in range(0, len(rows), batch_size)]
+
+
+# ----------------------------------------------------------------------------------------
+# The loop.
+# ----------------------------------------------------------------------------------------
+class MetricsLog:
+  """Appends one JSON object per logged step to DIR/metrics.jsonl (process 0 only)."""
+
+  def __init__(self, workdir: str):
+    self.path = os.path.join(workdir, "metrics.jsonl")
+    self.enabled = jax.process_index() == 0
+
+  def write(self, record: dict) -> None:
+    if self.enabled:
+      with open(self.path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def _mean_metrics(history: list[dict]) -> dict[str, float]:
+  history = jax.device_get(history)
+  return {k: float(np.mean([h[k] for h in history])) for k in history[0]}
+
+
+def train_and_evaluate(config, workdir: str) -> TrainState:
+  """Trains `config` in `workdir`, resuming from its newest checkpoint; returns the state."""
+  model_cfg = config_lib.validate(config)
+  os.makedirs(workdir, exist_ok=True)
+
+  # ---- Mesh and sharding rules. ----
+  mesh = sharding.make_mesh(config)
+  rules = sharding.logical_rules(config)
+  if config.batch_size % sharding.batch_divisor(mesh):
+    raise config_lib.ConfigError(
+        f"config.batch_size={config.batch_size} is not divisible by the "
+        f"{sharding.batch_divisor(mesh)} data-parallel devices of config.mesh_shape")
+
+  # ---- Model, optimizer, state (born sharded). ----
+  model = MoT(model_cfg)
+  tx = make_optimizer(config)
+  rng = jax.random.PRNGKey(config.seed)
+  init_rng, step_rng, eval_rng = jax.random.split(rng, 3)
+  state, state_shardings = create_train_state(model, tx, mesh, rules, init_rng,
+                                              config.data.seq_len)
+  num_params = sum(x.size for x in jax.tree.leaves(state.params))
+  logging.info("Model: %.2fM parameters", num_params / 1e6)
+
+  # ---- Input pipeline. ----
+  dataset = pipeline.make_train_dataset(config.data, config.seed, config.batch_size)
+  data_iter = iter(dataset)
+
+  # ---- Checkpoint: resume when one exists. ----
+  manager = ckpt_lib.make_manager(workdir, keep=config.keep_checkpoints)
+  if manager.latest_step() is not None:
+    state = ckpt_lib.restore(manager, manager.latest_step(),
+                             ckpt_lib.abstract_like(state), data_iter)
+    logging.info("Resumed from step %d", int(state.step))
+
+  # ---- Update step. ----
+  p_train_step = jit_train_step(model, tx, config, mesh, rules, state_shardings)
+  p_eval_step = jax.jit(functools.partial(eval_step, model=model, config=config))
+  log = MetricsLog(workdir)
+  start_step = int(state.step)
+  history = []
+  interval_start, interval_tokens = time.perf_counter(), 0
+  from tqdm import tqdm
+  bar = tqdm(total=config.num_train_steps, initial=start_step, desc="train",
+             disable=jax.process_index() != 0 or not config.progress_bar, dynamic_ncols=True)
+  try:
+    with jax.set_mesh(mesh):
+      for step in range(start_step + 1, config.num_train_steps + 1):
+        local = next(data_iter)
+        interval_tokens += int(np.sum(local["segment_ids"] > 0))
+        state, metrics = p_train_step(state, sharding.global_batch(mesh, local), step_rng)
+        history.append(metrics)
+        if step == start_step + 1:
+          jax.block_until_ready(state)
+          logging.info("First step (compile + run): %.1fs", time.perf_counter() - interval_start)
+          interval_start, interval_tokens = time.perf_counter(), 0
+          history = history[-1:]
+        if step % config.log_every_steps == 0 or step == config.num_train_steps:
+          summary = _mean_metrics(history)
+          elapsed = time.perf_counter() - interval_start
+          summary["tokens_per_s"] = interval_tokens / max(elapsed, 1e-9)
+          record = {"step": step, **{k: summary[k] for k in (
+              "loss", "ar_loss", "dm_loss", "learning_rate", "tokens_per_s", "grad_norm")}}
+          log.write(record)
+          bar.set_postfix(loss=f"{record['loss']:.3f}", ar=f"{record['ar_loss']:.3f}",
+                          dm=f"{record['dm_loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
+          history, interval_start, interval_tokens = [], time.perf_counter(), 0
+        bar.update(1)
+        if step % config.eval_every_steps == 0 or step == config.num_train_steps:
+          evaluate_heldout(config, state, p_eval_step, eval_rng, mesh, log, step)
+        if step % config.checkpoint_every_steps == 0 or step == config.num_train_steps:
+          ckpt_lib.save(manager, step, state, data_iter, config.to_dict())
+  finally:
+    bar.close()
+    manager.wait_until_finished()
+    manager.close()
+  return state
+
+
+def evaluate_heldout(config, state, p_eval_step, rng, mesh, log, step) -> dict:
+  """Held-out AR and DM losses of the EMA parameters, logged as eval_* records."""
+  batches = heldout_batches(config, config.batch_size)
+  results = [p_eval_step(state.ema_params, sharding.global_batch(mesh, b), rng)
+             for b in batches]
+  summary = _mean_metrics(results)
+  record = {"step": step, "eval_ar_loss": summary["ar_loss"], "eval_dm_loss": summary["dm_loss"]}
+  log.write(record)
+  logging.info("step %d held-out: ar_loss %.4f dm_loss %.4f", step, summary["ar_loss"],
+               summary["dm_loss"])
+  return record
