@@ -1,0 +1,181 @@
+"""Builds one mixed text/media example as the numpy fields of DESIGN §1.
+
+The data pipeline and the sampler both use `SequenceBuilder`, so positions, block ids
+and loss masks are computed in exactly one place. Positions follow Qwen2-VL's M-RoPE
+(DESIGN §2): text advances one index per token, a media block spans its grid on the
+(t, h, w) axes from its start index, and whatever follows a block continues at the
+block's largest position + 1.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from mot import modalities
+from mot import tokenizer
+
+# Field name -> dtype of every array `build` returns (packing adds `segment_ids`).
+FIELDS = {
+    "tokens": np.int32,
+    "patches": np.float32,
+    "modality": np.int32,
+    "positions": np.int32,
+    "block_ids": np.int32,
+    "ar_targets": np.int32,
+    "ar_weights": np.float32,
+    "dm_mask": np.float32,
+    "cond_mask": np.float32,
+}
+# Per-token scalar columns kept while building ("loss": the token is an AR target).
+_COLUMNS = ("tokens", "modality", "block_ids", "dm_mask", "cond_mask", "loss")
+
+
+class SequenceBuilder:
+  """Appends text and media to one example, then `build()`s its arrays.
+
+  Media blocks (image, video, action chunk) are framed by their begin/end marker
+  tokens, which are causal text tokens and never loss targets; each block gets its own
+  block id 1, 2, ... so attention is bidirectional inside it (DESIGN §1).
+  Tokens accumulate in Python lists (examples are short, appends are many) and become
+  arrays once, in `build`.
+  """
+
+  def __init__(self, patch_dim: int):
+    if patch_dim < 1:
+      raise ValueError(f"patch_dim must be positive, got {patch_dim}")
+    self.patch_dim = patch_dim
+    self._columns: dict[str, list] = {k: [] for k in _COLUMNS}
+    self._positions: list = []                       # (t, h, w) per token.
+    self._patches: list[tuple[int, np.ndarray]] = []  # (first token index, rows [m, p]).
+    self._next_position = 0
+    self._num_blocks = 0
+
+  def __len__(self) -> int:
+    return len(self._positions)
+
+  @property
+  def next_position(self) -> int:
+    """The M-RoPE index the next appended token (or block) starts at."""
+    return self._next_position
+
+  @property
+  def num_blocks(self) -> int:
+    """How many media blocks were added (the largest block id so far)."""
+    return self._num_blocks
+
+  def add_text(self, ids: list[int], loss: bool = False, cond: bool = False) -> None:
+    """Appends causal text tokens.
+
+    Args:
+      ids: token ids, e.g. from `Tokenizer.encode` (list or int array [m]).
+      loss: the tokens are next-token targets (the weight sits on the token before each).
+      cond: the tokens are conditioning that classifier-free guidance may blank.
+    """
+    ids = [int(i) for i in ids]
+    if any(not 0 <= i < tokenizer.VOCAB_SIZE for i in ids):
+      raise ValueError(f"text ids must lie in [0, {tokenizer.VOCAB_SIZE}), got {ids}")
+    s = self._next_position
+    self._append(ids, [(p, p, p) for p in range(s, s + len(ids))], loss=loss, cond=cond)
+    self._next_position += len(ids)
+
+  def add_image(self, patches: np.ndarray, noised: bool, cond: bool = False) -> None:
+    """Appends an image of float [hp, wp, p] patches (a grid hp x wp) as one block.
+
+    `noised` marks every patch as a diffusion target (dm_mask); `cond` marks the image
+    as classifier-free-guidance conditioning (e.g. the source image of an edit).
+    """
+    patches = np.asarray(patches, np.float32)
+    if patches.ndim != 3:
+      raise ValueError(f"image patches must be [hp, wp, p], got shape {patches.shape}")
+    hp, wp, _ = patches.shape
+    self._add_block("image", patches.reshape(hp * wp, -1), _grid_offsets(1, hp, wp),
+                    max(hp, wp), noised, cond)
+
+  def add_video(self, frames: np.ndarray, noised: bool, cond: bool = False) -> None:
+    """Appends a clip of float [T, hp, wp, p] patches (T frames) as one block."""
+    frames = np.asarray(frames, np.float32)
+    if frames.ndim != 4:
+      raise ValueError(f"video patches must be [T, hp, wp, p], got shape {frames.shape}")
+    t, hp, wp, _ = frames.shape
+    self._add_block("video", frames.reshape(t * hp * wp, -1), _grid_offsets(t, hp, wp),
+                    max(t, hp, wp), noised, cond)
+
+  def add_action(self, actions: np.ndarray, noised: bool, cond: bool = False) -> None:
+    """Appends an action chunk of float [K, a] (K steps) as one block."""
+    actions = np.asarray(actions, np.float32)
+    if actions.ndim != 2:
+      raise ValueError(f"actions must be [K, a], got shape {actions.shape}")
+    k = actions.shape[0]
+    step = np.arange(k)
+    offsets = np.stack([step, np.zeros_like(step), np.zeros_like(step)], -1)
+    self._add_block("action", actions, offsets, k, noised, cond)
+
+  def build(self, seq_len: int | None = None) -> dict[str, np.ndarray]:
+    """The example's arrays, each [n, ...] (or [seq_len, ...] zero-padded); see FIELDS.
+
+    ar_targets[i] = tokens[i + 1] and ar_weights[i] = 1 iff token i + 1 is a loss token,
+    so the last token never has a target and packed examples never predict each other.
+    """
+    n = len(self)
+    length = n if seq_len is None else seq_len
+    if n > length:
+      raise ValueError(f"example has {n} tokens but seq_len is {seq_len}: "
+                       f"raise seq_len to at least {n}")
+    out = {k: np.zeros((length, *shape), FIELDS[k]) for k, shape in
+           (("patches", (self.patch_dim,)), ("positions", (3,)))}
+    out["positions"][:n] = np.asarray(self._positions, np.int32).reshape(n, 3)
+    for start, rows in self._patches:
+      out["patches"][start:start + len(rows), :rows.shape[1]] = rows
+    for k in _COLUMNS:
+      out[k] = np.zeros(length, FIELDS.get(k, np.float32))
+      out[k][:n] = self._columns[k]
+    loss = out.pop("loss")
+    last = max(n - 1, 0)
+    out["ar_targets"] = np.zeros(length, np.int32)
+    out["ar_targets"][:last] = out["tokens"][1:n]
+    out["ar_weights"] = np.zeros(length, np.float32)
+    out["ar_weights"][:last] = loss[1:n]
+    return {k: out[k] for k in FIELDS}
+
+  def _add_block(self, name: str, rows: np.ndarray, offsets: np.ndarray, span: int,
+                 noised: bool, cond: bool) -> None:
+    """Appends begin marker, block rows [m, p] at start + offsets [m, 3], end marker."""
+    modality = modalities.get(name)
+    m = rows.shape[0]
+    if m == 0:
+      raise ValueError(f"empty {name} block")
+    if rows.shape[1] > self.patch_dim:
+      raise ValueError(f"{name} patch dim {rows.shape[1]} exceeds the builder's "
+                       f"patch_dim {self.patch_dim}")
+    self.add_text([modality.begin_token])
+    self._num_blocks += 1
+    self._patches.append((len(self), rows))
+    start = self._next_position
+    self._append([tokenizer.PAD] * m, (start + offsets).tolist(), modality=modality.id,
+                 block=self._num_blocks, noised=noised, cond=cond)
+    self._next_position = start + span
+    self.add_text([modality.end_token])
+
+  def _append(self, tokens: list[int], positions: list, modality: int = modalities.TEXT,
+              block: int = 0, noised: bool = False, cond: bool = False,
+              loss: bool = False) -> None:
+    """Appends len(tokens) tokens sharing modality, block and flags."""
+    m = len(tokens)
+    c = self._columns
+    c["tokens"].extend(tokens)
+    c["modality"].extend([modality] * m)
+    c["block_ids"].extend([block] * m)
+    c["dm_mask"].extend([float(noised)] * m)
+    c["cond_mask"].extend([float(cond)] * m)
+    c["loss"].extend([float(loss)] * m)
+    self._positions.extend(positions)
+
+
+@functools.lru_cache(maxsize=64)
+def _grid_offsets(t: int, h: int, w: int) -> np.ndarray:
+  """int [t*h*w, 3] (frame, row, col) of a t x h x w grid in row-major order (cached)."""
+  grid = np.stack(np.meshgrid(np.arange(t), np.arange(h), np.arange(w), indexing="ij"), -1)
+  grid = grid.reshape(-1, 3)
+  grid.setflags(write=False)
+  return grid

@@ -1,0 +1,196 @@
+"""Text templates and the tasks that turn one (image, label) pair into one example.
+
+Each task is an entry of `TASKS`, so a new task is one function and one line. Task
+builders return the unpadded arrays of `SequenceBuilder.build()`. Loss tokens are the
+text the model must produce; the begin/end markers framing media are never targets
+(the sampler inserts them itself).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+import dataclasses
+
+import numpy as np
+
+from mot import tokenizer as tokenizer_lib
+from mot.data import digits
+from mot.data.builder import SequenceBuilder
+
+QUESTION = "What digit is this?"
+TEXT_RELATIONS = ("after", "before")  # Variants of the text-only task.
+_TOKENIZER = tokenizer_lib.Tokenizer()
+
+
+def caption(label: int) -> str:
+  """Caption that conditions generation, e.g. "a handwritten digit 7"."""
+  return f"a handwritten digit {int(label)}"
+
+
+def answer(label: int) -> str:
+  """Answer to QUESTION, e.g. "7"."""
+  return str(int(label))
+
+
+def relation_text(label: int, relation: str) -> str:
+  """E.g. "the digit after 3 is 4" / "the digit before 3 is 2" (wrapping modulo 10)."""
+  step = {"after": 1, "before": -1}[relation]
+  return f"the digit {relation} {int(label)} is {(int(label) + step) % 10}"
+
+
+def draw_prompt(label: int) -> str:
+  """Interleaved prompt whose answer is `label`: "draw the digit after 6:" for 7."""
+  return f"draw the digit after {(int(label) - 1) % 10}:"
+
+
+def generation_example(image: np.ndarray, label: int, patch_size: int,
+                       patch_dim: int) -> dict[str, np.ndarray]:
+  """Caption -> image: BOS, caption (target, CFG conditioning), noised image, EOS.
+
+  The caption is also an AR target, so the same example teaches captioning-style LM.
+  Sampling uses this layout with any image (e.g. zeros): only dm_mask patches change.
+  """
+  b = SequenceBuilder(patch_dim)
+  b.add_text([tokenizer_lib.BOS])
+  b.add_text(_TOKENIZER.encode(caption(label)), loss=True, cond=True)
+  b.add_image(digits.patchify(image, patch_size), noised=True)
+  b.add_text([tokenizer_lib.EOS], loss=True)
+  return b.build()
+
+
+def reasoning_example(image: np.ndarray, label: int, patch_size: int,
+                      patch_dim: int) -> dict[str, np.ndarray]:
+  """Image -> answer: BOS, clean image, QUESTION, answer (target), EOS (target)."""
+  b = SequenceBuilder(patch_dim)
+  b.add_text([tokenizer_lib.BOS])
+  b.add_image(digits.patchify(image, patch_size), noised=False)
+  b.add_text(_TOKENIZER.encode(QUESTION))
+  b.add_text(_TOKENIZER.encode(answer(label)) + [tokenizer_lib.EOS], loss=True)
+  return b.build()
+
+
+def text_example(label: int, patch_dim: int, variant: int = 0) -> dict[str, np.ndarray]:
+  """Text only: BOS, relation_text (target), EOS (target); variant picks the relation."""
+  b = SequenceBuilder(patch_dim)
+  b.add_text([tokenizer_lib.BOS])
+  b.add_text(_TOKENIZER.encode(relation_text(label, TEXT_RELATIONS[variant]))
+             + [tokenizer_lib.EOS], loss=True)
+  return b.build()
+
+
+def interleaved_example(image: np.ndarray, label: int, patch_size: int,
+                        patch_dim: int) -> dict[str, np.ndarray]:
+  """Reason, then generate: BOS, draw_prompt, answer (target), noised image, EOS (target).
+
+  Prompt and answer condition the image, so both are in cond_mask.
+  """
+  b = SequenceBuilder(patch_dim)
+  b.add_text([tokenizer_lib.BOS])
+  b.add_text(_TOKENIZER.encode(draw_prompt(label)), cond=True)
+  b.add_text(_TOKENIZER.encode(answer(label)), loss=True, cond=True)
+  b.add_image(digits.patchify(image, patch_size), noised=True)
+  b.add_text([tokenizer_lib.EOS], loss=True)
+  return b.build()
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskOptions:
+  """What every task needs besides the pair: how to cut images, how wide patches are."""
+  patch_size: int
+  patch_dim: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """A registered task.
+
+  Attributes:
+    build: (image [H, W], label, options, variant) -> example dict.
+    num_variants: text variants, drawn uniformly in training and enumerated for
+      length bounds, so `max_example_length` is exact.
+    augment: training may shift the image first (`random_shift`); generation targets
+      are never augmented, so samples stay centred like the data.
+  """
+  build: Callable[[np.ndarray, int, TaskOptions, int], dict[str, np.ndarray]]
+  num_variants: int = 1
+  augment: bool = False
+
+
+def _generation(image, label, options: TaskOptions, variant: int):
+  del variant  # One variant.
+  return generation_example(image, label, options.patch_size, options.patch_dim)
+
+
+def _reasoning(image, label, options: TaskOptions, variant: int):
+  del variant
+  return reasoning_example(image, label, options.patch_size, options.patch_dim)
+
+
+def _text(image, label, options: TaskOptions, variant: int):
+  del image  # Text only: the pair contributes its label.
+  return text_example(label, options.patch_dim, variant)
+
+
+def _interleaved(image, label, options: TaskOptions, variant: int):
+  del variant
+  return interleaved_example(image, label, options.patch_size, options.patch_dim)
+
+
+TASKS: dict[str, Task] = {
+    "generation": Task(_generation),
+    "reasoning": Task(_reasoning, augment=True),
+    "text": Task(_text, num_variants=len(TEXT_RELATIONS)),
+    "interleaved": Task(_interleaved),
+}
+
+
+def get_task(name: str) -> Task:
+  """The registered task `name`; a ValueError naming the known tasks otherwise."""
+  if name not in TASKS:
+    raise ValueError(f"unknown task {name!r}; known tasks: {sorted(TASKS)}")
+  return TASKS[name]
+
+
+def build_example(name: str, image: np.ndarray, label: int, options: TaskOptions,
+                  rng: np.random.Generator, shift_pixels: int = 0) -> dict[str, np.ndarray]:
+  """One training example of task `name`: draws its variant and augmentation from rng."""
+  task = get_task(name)
+  variant = int(rng.integers(task.num_variants))
+  if task.augment and shift_pixels > 0:
+    image = random_shift(image, shift_pixels, rng)
+  return task.build(image, int(label), options, variant)
+
+
+def max_example_length(name: str, options: TaskOptions,
+                       image_shape: tuple[int, int] = (8, 8)) -> int:
+  """Longest example task `name` can produce for images of image_shape (all labels)."""
+  task = get_task(name)
+  blank = np.full(image_shape, digits.BACKGROUND, np.float32)
+  return max(len(task.build(blank, label, options, v)["tokens"])
+             for label in range(10) for v in range(task.num_variants))
+
+
+def random_shift(image: np.ndarray, max_shift: int, rng: np.random.Generator) -> np.ndarray:
+  """float [H, W] image translated by up to ±max_shift pixels per axis, background-filled.
+
+  Pixels shifted out are lost; uncovered pixels become BACKGROUND (-1).
+  """
+  dy, dx = rng.integers(-max_shift, max_shift + 1, size=2)
+  h, w = image.shape
+  out = np.full_like(image, digits.BACKGROUND)
+  out[max(dy, 0):h + min(dy, 0), max(dx, 0):w + min(dx, 0)] = (
+      image[max(-dy, 0):h + min(-dy, 0), max(-dx, 0):w + min(-dx, 0)])
+  return out
+
+
+def split_prompt(example: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[int]]:
+  """(prompt, target ids): the example up to the first AR target, and its targets.
+
+  For evaluation: feed the prompt (all fields, unpadded [n]), decode greedily, compare
+  with the target ids (e.g. the answer and EOS of a reasoning example).
+  """
+  weights = example["ar_weights"]
+  first = np.flatnonzero(weights > 0)
+  if first.size == 0:
+    raise ValueError("example has no AR targets to split at")
+  prompt = {k: v[:first[0] + 1] for k, v in example.items()}
+  return prompt, [int(t) for t in example["ar_targets"][weights > 0]]

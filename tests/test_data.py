@@ -1,0 +1,366 @@
+"""Tests for the sequence builder, digits, tasks, packing and the grain pipeline."""
+import ml_collections
+import numpy as np
+import pytest
+
+from mot import modalities
+from mot import tokenizer as tok
+from mot.data import builder as builder_lib
+from mot.data import digits
+from mot.data import packing
+from mot.data import pipeline
+from mot.data import tasks
+
+T = tok.Tokenizer()
+OPTIONS = tasks.TaskOptions(patch_size=2, patch_dim=4)
+
+
+def data_config(**overrides):
+  cfg = dict(dataset="digits", seq_len=128, examples_per_row=3, patch_size=2, patch_dim=4,
+             task_weights=dict(generation=0.45, reasoning=0.45, text=0.1), shift_pixels=1)
+  cfg.update(overrides)
+  return ml_collections.ConfigDict(cfg)
+
+
+# ------------------------------------------------------------------------- builder
+
+
+def test_text_positions_are_1d_rope():
+  b = builder_lib.SequenceBuilder(patch_dim=4)
+  b.add_text(T.encode("hello"))
+  ex = b.build()
+  np.testing.assert_array_equal(ex["positions"], np.repeat(np.arange(5)[:, None], 3, 1))
+  assert b.next_position == 5 and len(b) == 5
+  assert {k: v.dtype for k, v in ex.items()} == builder_lib.FIELDS
+  assert ex["patches"].shape == (5, 4) and not ex["patches"].any()
+
+
+def test_image_positions_and_fields():
+  b = builder_lib.SequenceBuilder(patch_dim=6)
+  b.add_text(T.encode("ab"))
+  patches = np.arange(4 * 4 * 4, dtype=np.float32).reshape(4, 4, 4) + 1
+  b.add_image(patches, noised=True)
+  b.add_text(T.encode("c"))
+  ex = b.build()
+  # a b <image> 16 patches </image> c
+  assert len(ex["tokens"]) == 2 + 1 + 16 + 1 + 1
+  assert ex["tokens"][2] == T.begin("image") and ex["tokens"][19] == T.end("image")
+  np.testing.assert_array_equal(ex["positions"][2], [2, 2, 2])  # begin marker
+  s = 3
+  img = slice(3, 19)
+  row, col = np.divmod(np.arange(16), 4)
+  np.testing.assert_array_equal(ex["positions"][img], np.stack([np.full(16, s), s + row,
+                                                                s + col], -1))
+  # After the block: max position in block (s + 3) + 1 = s + max(hp, wp).
+  np.testing.assert_array_equal(ex["positions"][19], [s + 4] * 3)
+  np.testing.assert_array_equal(ex["positions"][20], [s + 5] * 3)
+  assert b.next_position == s + 6
+  np.testing.assert_array_equal(ex["block_ids"], [0] * 3 + [1] * 16 + [0] * 2)
+  np.testing.assert_array_equal(ex["modality"], [0] * 3 + [modalities.IMAGE] * 16 + [0] * 2)
+  np.testing.assert_array_equal(ex["dm_mask"], [0] * 3 + [1] * 16 + [0] * 2)
+  assert not ex["tokens"][img].any()
+  np.testing.assert_array_equal(ex["patches"][img, :4], patches.reshape(16, 4))
+  assert not ex["patches"][img, 4:].any() and not ex["patches"][:3].any()
+
+
+def test_non_square_image_continues_at_max_side():
+  b = builder_lib.SequenceBuilder(patch_dim=1)
+  b.add_image(np.zeros((2, 5, 1)), noised=False)
+  ex = b.build()
+  assert ex["positions"][1:11, 1].max() == 1 + 1 and ex["positions"][1:11, 2].max() == 1 + 4
+  np.testing.assert_array_equal(ex["positions"][-1], [1 + 5] * 3)
+  assert not ex["dm_mask"].any()
+
+
+def test_video_positions():
+  b = builder_lib.SequenceBuilder(patch_dim=4)
+  b.add_text([tok.BOS])
+  frames = np.random.default_rng(0).normal(size=(3, 2, 2, 4)).astype(np.float32)
+  b.add_video(frames, noised=False)
+  ex = b.build()
+  s = 2  # BOS at 0, begin marker at 1.
+  assert ex["tokens"][1] == T.begin("video") and ex["tokens"][-1] == T.end("video")
+  frame, row, col = np.meshgrid(np.arange(3), np.arange(2), np.arange(2), indexing="ij")
+  expected = s + np.stack([frame, row, col], -1).reshape(-1, 3)
+  np.testing.assert_array_equal(ex["positions"][2:14], expected)
+  np.testing.assert_array_equal(ex["positions"][-1], [s + 3] * 3)  # s + max(T, hp, wp)
+  np.testing.assert_array_equal(ex["patches"][2:14], frames.reshape(12, 4))
+  assert (ex["modality"][2:14] == modalities.VIDEO).all()
+  assert (ex["block_ids"][2:14] == 1).all()
+
+
+def test_action_positions_and_block_numbering():
+  b = builder_lib.SequenceBuilder(patch_dim=4)
+  b.add_image(np.zeros((2, 2, 4)), noised=False)        # block 1: tokens 1..4, end at 5
+  b.add_action(np.ones((5, 2)), noised=True, cond=False)  # begin 6, block 2: 7..11
+  ex = b.build()
+  # Positions: image begin 0, image at 1 + (row, col), end 1 + 2 = 3, action begin 4.
+  s = 5
+  np.testing.assert_array_equal(ex["positions"][7:12],
+                                np.stack([s + np.arange(5), np.full(5, s), np.full(5, s)], -1))
+  np.testing.assert_array_equal(ex["positions"][12], [s + 5] * 3)
+  assert b.next_position == s + 6 and b.num_blocks == 2
+  assert (ex["block_ids"][1:5] == 1).all() and (ex["block_ids"][7:12] == 2).all()
+  assert (ex["modality"][7:12] == modalities.ACTION).all()
+  np.testing.assert_array_equal(ex["patches"][7:12], [[1, 1, 0, 0]] * 5)
+  np.testing.assert_array_equal(ex["dm_mask"], (ex["block_ids"] == 2).astype(np.float32))
+
+
+def test_ar_targets_and_weights_alignment():
+  b = builder_lib.SequenceBuilder(patch_dim=4)
+  b.add_text([tok.BOS])
+  b.add_text(T.encode("ab"), loss=True, cond=True)
+  b.add_image(np.zeros((2, 2, 4)), noised=True)
+  b.add_text(T.encode("q"))
+  b.add_text(T.encode("z") + [tok.EOS], loss=True)
+  ex = b.build()
+  loss_token = np.zeros(len(ex["tokens"]), bool)
+  loss_token[[1, 2, len(loss_token) - 2, len(loss_token) - 1]] = True
+  np.testing.assert_array_equal(ex["ar_targets"][:-1], ex["tokens"][1:])
+  np.testing.assert_array_equal(ex["ar_weights"][:-1], loss_token[1:])
+  assert ex["ar_targets"][-1] == 0 and ex["ar_weights"][-1] == 0
+  np.testing.assert_array_equal(ex["cond_mask"], np.isin(np.arange(len(loss_token)), [1, 2]))
+  # Markers (3 = image begin, 4 = image end) are never targets.
+  targeted = ex["ar_targets"][ex["ar_weights"] > 0]
+  assert not np.isin(targeted, [T.begin("image"), T.end("image"), tok.PAD]).any()
+
+
+def test_build_padding_and_overflow():
+  b = builder_lib.SequenceBuilder(patch_dim=4)
+  b.add_text([tok.BOS])
+  b.add_image(np.ones((2, 2, 4)), noised=True)
+  ex = b.build(seq_len=12)
+  assert all(v.shape[0] == 12 for v in ex.values())
+  n = len(b)
+  assert all(not v[n:].any() for v in ex.values())
+  with pytest.raises(ValueError, match=r"7 tokens but seq_len is 6"):
+    b.build(seq_len=6)
+  with pytest.raises(ValueError, match="exceeds the builder's patch_dim"):
+    b.add_image(np.ones((2, 2, 5)), noised=False)
+  empty = builder_lib.SequenceBuilder(patch_dim=4).build(seq_len=3)
+  assert empty["patches"].shape == (3, 4) and empty["positions"].shape == (3, 3)
+
+
+# -------------------------------------------------------------------------- digits
+
+
+def test_digits_split_and_scaling():
+  train, train_labels, held, held_labels = digits.load_digits_split()
+  assert train.shape == (1500, 8, 8) and held.shape == (297, 8, 8)
+  assert train.dtype == np.float32 and train_labels.shape == (1500,)
+  assert held_labels.shape == (297,) and set(np.unique(train_labels)) == set(range(10))
+  assert train.min() == -1 and train.max() == 1
+  pixels = digits.to_pixels(held)
+  np.testing.assert_allclose(pixels, np.round(pixels))  # Original integer levels.
+  assert digits.to_pixels(np.array([-3.0, 5.0])).tolist() == [0, 16]
+
+
+def test_patchify_round_trip_and_layout():
+  img = np.arange(64, dtype=np.float32).reshape(8, 8)
+  p = digits.patchify(img, 2)
+  assert p.shape == (4, 4, 4)
+  np.testing.assert_array_equal(p[0, 1], [2, 3, 10, 11])  # Row-major inside the patch.
+  np.testing.assert_array_equal(digits.unpatchify(p, 2), img)
+  batch = np.stack([img, -img])
+  np.testing.assert_array_equal(digits.unpatchify(digits.patchify(batch, 4), 4), batch)
+  with pytest.raises(ValueError, match="divisible"):
+    digits.patchify(img, 3)
+
+
+# --------------------------------------------------------------------------- tasks
+
+
+def test_task_layouts_and_lengths():
+  img = digits.load_digits_split()[0][0]
+  gen = tasks.generation_example(img, 7, 2, 4)
+  rea = tasks.reasoning_example(img, 7, 2, 4)
+  txt = tasks.text_example(3, 4, variant=1)
+  assert [len(gen["tokens"]), len(rea["tokens"]), len(txt["tokens"])] == [41, 40, 25]
+  assert tasks.caption(7) == "a handwritten digit 7"
+  assert T.decode(gen["tokens"]) == "a handwritten digit 7"
+  assert gen["dm_mask"].sum() == 16 and rea["dm_mask"].sum() == 0
+  assert T.decode(gen["ar_targets"][gen["ar_weights"] > 0]) == tasks.caption(7)
+  assert gen["ar_targets"][gen["ar_weights"] > 0][-1] == tok.EOS
+  assert T.decode(gen["tokens"][gen["cond_mask"] > 0]) == tasks.caption(7)
+  assert T.decode(rea["tokens"]) == "What digit is this?7"
+  assert T.decode(txt["tokens"]) == "the digit before 3 is 2"
+  np.testing.assert_array_equal(
+      digits.unpatchify(gen["patches"][gen["modality"] == 1].reshape(4, 4, 4), 2), img)
+  prompt, target = tasks.split_prompt(rea)
+  assert T.decode(prompt["tokens"]) == tasks.QUESTION and target == T.encode("7") + [tok.EOS]
+  assert tasks.max_example_length("text", OPTIONS) == 25
+
+
+def test_build_example_draws_variants_and_shift():
+  img = digits.load_digits_split()[0][0]
+  rng = np.random.default_rng(0)
+  texts = {T.decode(tasks.build_example("text", img, 0, OPTIONS, rng)["tokens"])
+           for _ in range(20)}
+  assert texts == {"the digit after 0 is 1", "the digit before 0 is 9"}
+  shifted = [tasks.build_example("reasoning", img, 0, OPTIONS, rng, shift_pixels=2)
+             for _ in range(10)]
+  assert any(not np.array_equal(s["patches"], shifted[0]["patches"]) for s in shifted)
+  gen = tasks.build_example("generation", img, 0, OPTIONS, rng, shift_pixels=2)
+  np.testing.assert_array_equal(gen["patches"], tasks.generation_example(img, 0, 2, 4)["patches"])
+
+
+def test_random_shift():
+  img = np.full((8, 8), -1.0, np.float32)
+  img[3, 4] = 1.0
+  rng = np.random.default_rng(1)
+  for _ in range(20):
+    out = tasks.random_shift(img, 2, rng)
+    (y,), (x,) = np.nonzero(out == 1.0)
+    assert abs(y - 3) <= 2 and abs(x - 4) <= 2 and (out == -1).sum() == 63
+  np.testing.assert_array_equal(tasks.random_shift(img, 0, rng), img)
+
+
+# ------------------------------------------------------------------------- packing
+
+
+def _example(n_text, with_image):
+  b = builder_lib.SequenceBuilder(patch_dim=4)
+  b.add_text(T.encode("x" * n_text), loss=True)
+  if with_image:
+    b.add_image(np.ones((2, 2, 4)), noised=True)
+    b.add_image(np.ones((1, 1, 4)), noised=False)
+  return b.build()
+
+
+def test_packing_segments_blocks_and_padding():
+  exs = [_example(3, True), _example(4, False), _example(2, True)]
+  lengths = [len(e["tokens"]) for e in exs]  # 3 + 6 + 3 = 12, 4, 2 + 9 = 11
+  row, dropped = packing.pack_examples(exs, seq_len=30)
+  assert dropped == 0
+  n = sum(lengths)
+  np.testing.assert_array_equal(row["segment_ids"], np.repeat([1, 2, 3, 0], lengths + [30 - n]))
+  blocks = row["block_ids"]
+  # Example 1 has blocks 1, 2; example 3's blocks become 3, 4: unique per row.
+  assert sorted(set(blocks[blocks > 0].tolist())) == [1, 2, 3, 4]
+  for k in (1, 2, 3, 4):
+    assert len(set(row["segment_ids"][blocks == k].tolist())) == 1
+  seg3 = row["segment_ids"] == 3
+  np.testing.assert_array_equal(row["positions"][seg3], exs[2]["positions"])  # Restart at 0.
+  assert all(not v[n:].any() for v in row.values())
+  assert row["segment_ids"].dtype == np.int32 and row["patches"].shape == (30, 4)
+
+
+def test_packing_drops_what_does_not_fit():
+  exs = [_example(3, True), _example(20, False), _example(4, False)]  # 12, 20, 4
+  row, dropped = packing.pack_examples(exs, seq_len=20)
+  assert dropped == 1
+  np.testing.assert_array_equal(row["segment_ids"][:16], [1] * 12 + [2] * 4)
+  assert not row["segment_ids"][16:].any()
+  row, dropped = packing.pack_examples([_example(30, False)], seq_len=20)
+  assert dropped == 1 and not any(v.any() for v in row.values())
+
+
+# ------------------------------------------------------------------------ pipeline
+
+
+def _take(it, n):
+  return [next(it) for _ in range(n)]
+
+
+def _assert_same(batches_a, batches_b):
+  for a, b in zip(batches_a, batches_b, strict=True):
+    assert a.keys() == b.keys()
+    for k in a:
+      np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def test_batch_shapes_and_dtypes():
+  batch = next(iter(pipeline.make_train_dataset(data_config(), seed=0, batch_size=4)))
+  expected = {**builder_lib.FIELDS, "segment_ids": np.int32}
+  assert {k: v.dtype for k, v in batch.items()} == {k: np.dtype(v) for k, v in expected.items()}
+  for k, v in batch.items():
+    assert v.shape[:2] == (4, 128), k
+  assert batch["patches"].shape == (4, 128, 4) and batch["positions"].shape == (4, 128, 3)
+  stats = pipeline.describe_batch(batch)
+  assert stats["examples"] == 4 * 3  # 3 examples of <= 41 tokens always fit in 128.
+  assert stats["real_tokens"] == int((batch["segment_ids"] > 0).sum()) > 4 * 3 * 24
+
+
+def test_deterministic_and_seed_dependent():
+  cfg = data_config()
+  a = _take(iter(pipeline.make_train_dataset(cfg, seed=3, batch_size=4)), 3)
+  b = _take(iter(pipeline.make_train_dataset(cfg, seed=3, batch_size=4)), 3)
+  _assert_same(a, b)
+  c = next(iter(pipeline.make_train_dataset(cfg, seed=4, batch_size=4)))
+  assert not np.array_equal(a[0]["patches"], c["patches"])
+
+
+def test_resume_from_state():
+  ds = pipeline.make_train_dataset(data_config(), seed=0, batch_size=4)
+  it = iter(ds)
+  _take(it, 2)
+  state = it.get_state()
+  expected = _take(it, 2)
+  resumed = iter(pipeline.make_train_dataset(data_config(), seed=0, batch_size=4))
+  resumed.set_state(state)
+  _assert_same(expected, _take(resumed, 2))
+
+
+def test_shards_are_disjoint_parts_of_the_stream():
+  cfg = data_config()
+  full = _take(iter(pipeline.make_train_dataset(cfg, seed=0, batch_size=1)), 4)
+  shard1 = _take(iter(pipeline.make_train_dataset(cfg, 0, 1, shard_index=1, shard_count=2)), 2)
+  _assert_same([full[1], full[3]], shard1)
+
+
+def _images_and_tasks(batches):
+  """Each packed example's task (by its fields) and, if any, its image [8, 8]."""
+  images, kinds = [], []
+  for batch in batches:
+    for r in range(batch["tokens"].shape[0]):
+      seg = batch["segment_ids"][r]
+      for s in range(1, seg.max() + 1):
+        sel = seg == s
+        is_image = batch["modality"][r][sel] == modalities.IMAGE
+        if batch["dm_mask"][r][sel].any():
+          kinds.append("generation")
+        elif is_image.any():
+          kinds.append("reasoning")
+        else:
+          kinds.append("text")
+        if is_image.any():
+          patches = batch["patches"][r][sel][is_image].reshape(4, 4, 4)
+          images.append(digits.unpatchify(patches, 2))
+  return images, kinds
+
+
+def test_heldout_never_in_training_and_task_mix():
+  cfg = data_config(shift_pixels=0)
+  batches = _take(iter(pipeline.make_train_dataset(cfg, seed=0, batch_size=25)), 4)
+  images, kinds = _images_and_tasks(batches)
+  assert len(kinds) == 300
+  train, _, held, _ = digits.load_digits_split()
+  train_set = {x.tobytes() for x in train}
+  held_set = {x.tobytes() for x in held}
+  assert images and all(x.astype(np.float32).tobytes() in train_set for x in images)
+  assert not any(x.astype(np.float32).tobytes() in held_set for x in images)
+  fractions = {k: kinds.count(k) / len(kinds) for k in ("generation", "reasoning", "text")}
+  for k, w in cfg.task_weights.items():
+    assert abs(fractions[k] - w) < 0.08, fractions
+
+
+def test_heldout_examples():
+  cfg = data_config()
+  examples = pipeline.heldout_examples(cfg, "reasoning")
+  labels = pipeline.heldout_labels(cfg)
+  assert len(examples) == len(labels) == 297
+  assert [int(T.decode(tasks.split_prompt(e)[1])) for e in examples[:20]] == labels[:20].tolist()
+  held = digits.load_digits_split()[2]
+  img = digits.unpatchify(examples[5]["patches"][examples[5]["modality"] == 1].reshape(4, 4, 4), 2)
+  np.testing.assert_array_equal(img, held[5])  # Never augmented.
+
+
+def test_config_validation():
+  with pytest.raises(ValueError, match=r"config.data.seq_len=40 .* minimum needed is 41"):
+    pipeline.make_train_dataset(data_config(seq_len=40), seed=0, batch_size=2)
+  with pytest.raises(ValueError, match="unknown task"):
+    pipeline.make_train_dataset(data_config(task_weights={"dance": 1.0}), 0, 2)
+  with pytest.raises(ValueError, match="patch_dim"):
+    pipeline.make_train_dataset(data_config(patch_dim=3), 0, 2)
+  with pytest.raises(ValueError, match="patch_size"):
+    pipeline.make_train_dataset(data_config(patch_size=3, patch_dim=9), 0, 2)
