@@ -31,7 +31,7 @@ def main(argv):
   cli.maybe_initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
                                    FLAGS.process_id)
   from mot import train_lib  # after jax.distributed: importing is cheap, initializing not
-  logging.set_verbosity(logging.INFO)
+  cli.configure_logging()
   with cli.clean_errors():
     train_lib.train_and_evaluate(FLAGS.config, FLAGS.workdir)
 

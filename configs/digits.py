@@ -33,6 +33,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.adam_b2 = 0.98                   # AdamW beta2
   c.grad_clip_norm = 1.0             # global-norm gradient clipping
   c.ema_decay = 0.999                # EMA of the parameters used for sampling
+  c.max_nonfinite_steps = 10         # stop after this many non-finite updates in a row
 
   # ---- Losses. ----
   c.ar_loss_weight = 1.0             # weight of the next-token cross-entropy

@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 import grain
+from absl import logging
 import jax
 import orbax.checkpoint as ocp
 
@@ -34,12 +35,15 @@ def make_manager(workdir: str, keep: int = 3, read_only: bool = False
 
 
 def save(manager: ocp.CheckpointManager, step: int, state: Any, data_iter=None,
-         config: dict | None = None, force: bool = False) -> bool:
+         config: dict | None = None, log: dict | None = None, force: bool = False) -> bool:
+  """Starts an asynchronous save of `state` (any pytree of arrays) and its companions."""
   items = {"state": ocp.args.StandardSave(state)}
   if data_iter is not None:
     items["data"] = grain.checkpoint.CheckpointSave(data_iter)
   if config is not None:
     items["config"] = ocp.args.JsonSave(config)
+  if log is not None:
+    items["log"] = ocp.args.JsonSave(log)
   return manager.save(step, args=ocp.args.Composite(**items), force=force)
 
 
@@ -50,13 +54,42 @@ def abstract_like(tree: Any) -> Any:
       tree)
 
 
-def restore(manager: ocp.CheckpointManager, step: int, abstract_state: Any, data_iter=None):
-  """Restores (state, config dict) at `step`; the data iterator is restored in place."""
+def restore(manager: ocp.CheckpointManager, step: int, abstract_state: Any, data_iter=None,
+            with_log: bool = False) -> dict:
+  """Restores {"state": ..., ["log": ...]} at `step`; the data iterator in place."""
   items = {"state": ocp.args.StandardRestore(abstract_state)}
   if data_iter is not None:
     items["data"] = grain.checkpoint.CheckpointRestore(data_iter)
+  if with_log:
+    items["log"] = ocp.args.JsonRestore()
   restored = manager.restore(step, args=ocp.args.Composite(**items))
-  return restored["state"]
+  return {k: restored[k] for k in items if k != "data"}
+
+
+def restore_newest(manager: ocp.CheckpointManager, workdir: str, check_step,
+                   abstract_state: Any, data_iter=None, with_log: bool = True):
+  """Restores the newest checkpoint that reads back whole; None when there is none.
+
+  A damaged newest checkpoint (a crash mid-save on a filesystem without atomic renames,
+  a truncated copy, a disk error) is skipped with a warning naming it, and the next
+  older one is tried; when none restores, CheckpointError says so. `check_step(step)`
+  may raise CheckpointError to refuse an incompatible checkpoint outright.
+  """
+  steps = sorted(manager.all_steps(), reverse=True)
+  failures = []
+  for step in steps:
+    check_step(step)
+    try:
+      return restore(manager, step, abstract_state, data_iter, with_log)
+    except Exception as e:  # orbax/tensorstore raise many types for damaged files
+      path = os.path.join(checkpoint_dir(workdir), str(step))
+      failures.append(f"{path}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+      logging.warning("Skipping damaged checkpoint %s (%s)", path, failures[-1])
+  if failures:
+    raise CheckpointError(f"no checkpoint in {checkpoint_dir(workdir)} could be read "
+                          f"(newest: {failures[0]}): delete the damaged step directories or "
+                          "use a new --workdir")
+  return None
 
 
 def saved_config(workdir: str, step: int) -> dict:

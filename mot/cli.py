@@ -31,6 +31,24 @@ def clean_errors():
     fail("interrupted", code=130)
 
 
+class _QuietLibraries:
+  """absl handler filter: library INFO chatter (orbax, grain) hidden, warnings kept."""
+  NOISY = ("orbax", "grain", "tensorstore")
+
+  def filter(self, record) -> bool:
+    import logging as py_logging
+    if record.levelno >= py_logging.WARNING:
+      return True
+    return not any(name in record.pathname for name in self.NOISY)
+
+
+def configure_logging() -> None:
+  """INFO for mot's own messages; third-party INFO logs filtered out."""
+  from absl import logging
+  logging.set_verbosity(logging.INFO)
+  logging.get_absl_handler().addFilter(_QuietLibraries())
+
+
 def maybe_initialize_distributed(coordinator_address=None, num_processes=None,
                                  process_id=None) -> None:
   """Calls jax.distributed.initialize when flags or JAX_* environment variables ask."""

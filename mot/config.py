@@ -128,7 +128,14 @@ def validate(config: Any) -> ModelConfig:
   except TypeError as e:
     raise ConfigError(f"config.model has a bad field: {e}") from None
   validate_model(model)
-  _check(config.data.patch_size ** 2 <= model.patch_dim,
-         f"config.data.patch_size={config.data.patch_size} needs patch_dim >= "
-         f"{config.data.patch_size ** 2} but config.model.patch_dim={model.patch_dim}")
+  _check(config.data.patch_size ** 2 == model.modality_patch_dims[1],
+         f"config.model.modality_patch_dims[1]={model.modality_patch_dims[1]} must equal "
+         f"config.data.patch_size**2 = {config.data.patch_size ** 2} (an image patch's size)")
+  _check(config.max_nonfinite_steps > 0,
+         f"config.max_nonfinite_steps={config.max_nonfinite_steps} must be positive")
+  from mot.data import pipeline  # local: keeps `import mot.config` light
+  try:
+    pipeline.validate(config.data)
+  except (ValueError, TypeError, AttributeError) as e:
+    raise ConfigError(str(e)) from None
   return model

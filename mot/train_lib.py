@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
+import threading
 import time
 from typing import Any
 
@@ -40,6 +42,7 @@ class TrainState:
   params: Any
   opt_state: Any
   ema_params: Any
+  nonfinite_run: Array   # consecutive steps whose update was skipped as non-finite
 
 
 # ----------------------------------------------------------------------------------------
@@ -80,7 +83,8 @@ def init_state_fn(model: MoT, tx, seq_len: int):
         jax.tree.map(jnp.asarray, dummy_batch(model.cfg, seq_len))))
     params = variables["params"]
     return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                      opt_state=tx.init(params), ema_params=params)
+                      opt_state=tx.init(params), ema_params=params,
+                      nonfinite_run=jnp.zeros((), jnp.int32))
   return init
 
 
@@ -150,18 +154,18 @@ def train_step(state: TrainState, batch: dict, rng: Array, *, model: MoT, tx, co
   step_rng = jax.random.fold_in(rng, state.step)
   grad_fn = jax.value_and_grad(compute_losses, has_aux=True)
   (_, metrics), grads = grad_fn(state.params, batch, step_rng, model, config)
-  grad_norm = optax.global_norm(grads)
+  grad_norm = optax.tree.norm(grads)
   finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   decay = ema_decay(state.step, config.ema_decay)
   ema = jax.tree.map(lambda e, p: decay * e + (1.0 - decay) * p, state.ema_params, params)
-  new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state,
-                         ema_params=ema)
+  new_state = state.replace(params=params, opt_state=opt_state, ema_params=ema)
   # A non-finite loss or gradient leaves the state as it was (but counts the step).
   new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, state)
-  new_state = new_state.replace(step=state.step + 1)
-  metrics = dict(metrics, grad_norm=grad_norm, nonfinite=(~finite).astype(jnp.int32),
+  nonfinite_run = jnp.where(finite, 0, state.nonfinite_run + 1)
+  new_state = new_state.replace(step=state.step + 1, nonfinite_run=nonfinite_run)
+  metrics = dict(metrics, grad_norm=grad_norm, nonfinite_run=nonfinite_run,
                  learning_rate=learning_rate_schedule(config)(state.step))
   return new_state, metrics
 
@@ -213,11 +217,33 @@ def heldout_batches(config, batch_size: int) -> list[dict[str, np.ndarray]]:
 # The loop.
 # ----------------------------------------------------------------------------------------
 class MetricsLog:
-  """Appends one JSON object per logged step to DIR/metrics.jsonl (process 0 only)."""
+  """Appends one JSON object per logged step to DIR/metrics.jsonl (process 0 only).
 
-  def __init__(self, workdir: str):
+  On resume, records past the restored step are dropped first: they were written by the
+  interrupted run after its last checkpoint and will be written again, identically.
+  """
+
+  def __init__(self, workdir: str, resume_step: int = 0):
     self.path = os.path.join(workdir, "metrics.jsonl")
     self.enabled = jax.process_index() == 0
+    if self.enabled and os.path.exists(self.path):
+      self._truncate_after(resume_step)
+
+  def _truncate_after(self, step: int) -> None:
+    with open(self.path) as f:
+      lines = f.readlines()
+    kept = []
+    for line in lines:
+      try:
+        if json.loads(line)["step"] <= step:
+          kept.append(line)
+      except (ValueError, KeyError, TypeError):
+        break  # a line cut by a crash: nothing after it is trustworthy
+    if kept != lines:
+      tmp = self.path + ".tmp"
+      with open(tmp, "w") as f:
+        f.writelines(kept)
+      os.replace(tmp, self.path)
 
   def write(self, record: dict) -> None:
     if self.enabled:
@@ -230,10 +256,53 @@ def _mean_metrics(history: list[dict]) -> dict[str, float]:
   return {k: float(np.mean([h[k] for h in history])) for k in history[0]}
 
 
+LOGGED = ("loss", "ar_loss", "dm_loss", "learning_rate", "grad_norm")
+
+
+class StopRequest:
+  """SIGTERM / SIGINT set a flag; the loop saves a checkpoint and returns at the next step."""
+
+  def __init__(self):
+    self.signal_name = None
+    self._previous = {}
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      for sig in (signal.SIGTERM, signal.SIGINT):
+        self._previous[sig] = signal.signal(sig, self._handle)
+    return self
+
+  def _handle(self, signum, frame):
+    self.signal_name = signal.Signals(signum).name
+
+  def __exit__(self, *exc):
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+
+
+def check_resumable(workdir: str, step: int, config) -> None:
+  """Refuses to resume a checkpoint whose model or data layout differs from `config`."""
+  try:
+    saved = ckpt_lib.saved_config(workdir, step)
+  except (OSError, ValueError):
+    return  # older checkpoints without a readable config: the restore itself will tell
+  for section in ("model", "data"):
+    ours = json.loads(json.dumps(config[section].to_dict()))
+    theirs = saved.get(section, {})
+    diff = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k)
+                  and k not in ("task_weights", "shift_pixels", "num_threads", "prefetch",
+                                "workers"))
+    if diff:
+      raise ckpt_lib.CheckpointError(
+          f"the checkpoint in {workdir} was trained with different config.{section} fields "
+          f"({', '.join(diff)}): use a new --workdir, or the config it was trained with")
+
+
 def train_and_evaluate(config, workdir: str) -> TrainState:
   """Trains `config` in `workdir`, resuming from its newest checkpoint; returns the state."""
   model_cfg = config_lib.validate(config)
-  os.makedirs(workdir, exist_ok=True)
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise config_lib.ConfigError(f"--workdir {workdir} is a file: pass a directory")
 
   # ---- Mesh and sharding rules. ----
   mesh = sharding.make_mesh(config)
@@ -242,12 +311,12 @@ def train_and_evaluate(config, workdir: str) -> TrainState:
     raise config_lib.ConfigError(
         f"config.batch_size={config.batch_size} is not divisible by the "
         f"{sharding.batch_divisor(mesh)} data-parallel devices of config.mesh_shape")
+  os.makedirs(workdir, exist_ok=True)
 
   # ---- Model, optimizer, state (born sharded). ----
   model = MoT(model_cfg)
   tx = make_optimizer(config)
-  rng = jax.random.PRNGKey(config.seed)
-  init_rng, step_rng, eval_rng = jax.random.split(rng, 3)
+  init_rng, step_rng, eval_rng = jax.random.split(jax.random.PRNGKey(config.seed), 3)
   state, state_shardings = create_train_state(model, tx, mesh, rules, init_rng,
                                               config.data.seq_len)
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
@@ -257,25 +326,35 @@ def train_and_evaluate(config, workdir: str) -> TrainState:
   dataset = pipeline.make_train_dataset(config.data, config.seed, config.batch_size)
   data_iter = iter(dataset)
 
-  # ---- Checkpoint: resume when one exists. ----
+  # ---- Checkpoint: resume from the newest good one. ----
   manager = ckpt_lib.make_manager(workdir, keep=config.keep_checkpoints)
-  if manager.latest_step() is not None:
-    state = ckpt_lib.restore(manager, manager.latest_step(),
-                             ckpt_lib.abstract_like(state), data_iter)
+  history = []
+  restored = ckpt_lib.restore_newest(
+      manager, workdir, lambda step: check_resumable(workdir, step, config),
+      ckpt_lib.abstract_like({"state": state, "rng": step_rng}), data_iter)
+  if restored is not None:
+    state, step_rng, history = restored["state"]["state"], restored["state"]["rng"], \
+        restored["log"]["history"]
     logging.info("Resumed from step %d", int(state.step))
 
   # ---- Update step. ----
   p_train_step = jit_train_step(model, tx, config, mesh, rules, state_shardings)
   p_eval_step = jax.jit(functools.partial(eval_step, model=model, config=config))
-  log = MetricsLog(workdir)
   start_step = int(state.step)
-  history = []
-  interval_start, interval_tokens = time.perf_counter(), 0
+  log = MetricsLog(workdir, start_step)
+
+  def save(step, force=False):
+    pending = [{k: float(v) for k, v in h.items()} for h in jax.device_get(history)]
+    ckpt_lib.save(manager, step, {"state": state, "rng": step_rng}, data_iter,
+                  config.to_dict(), {"history": pending}, force=force)
+
   from tqdm import tqdm
   bar = tqdm(total=config.num_train_steps, initial=start_step, desc="train",
              disable=jax.process_index() != 0 or not config.progress_bar, dynamic_ncols=True)
+  interval_start, interval_tokens = time.perf_counter(), 0
+  previous_metrics = None
   try:
-    with jax.set_mesh(mesh):
+    with jax.set_mesh(mesh), StopRequest() as stop:
       for step in range(start_step + 1, config.num_train_steps + 1):
         local = next(data_iter)
         interval_tokens += int(np.sum(local["segment_ids"] > 0))
@@ -285,13 +364,15 @@ def train_and_evaluate(config, workdir: str) -> TrainState:
           jax.block_until_ready(state)
           logging.info("First step (compile + run): %.1fs", time.perf_counter() - interval_start)
           interval_start, interval_tokens = time.perf_counter(), 0
-          history = history[-1:]
+        # Read the previous step's counter (already computed: no stall of the pipeline).
+        if previous_metrics is not None:
+          check_nonfinite(previous_metrics, config, step - 1)
+        previous_metrics = metrics
         if step % config.log_every_steps == 0 or step == config.num_train_steps:
           summary = _mean_metrics(history)
           elapsed = time.perf_counter() - interval_start
-          summary["tokens_per_s"] = interval_tokens / max(elapsed, 1e-9)
-          record = {"step": step, **{k: summary[k] for k in (
-              "loss", "ar_loss", "dm_loss", "learning_rate", "tokens_per_s", "grad_norm")}}
+          record = {"step": step, **{k: summary[k] for k in LOGGED},
+                    "tokens_per_s": interval_tokens / max(elapsed, 1e-9)}
           log.write(record)
           bar.set_postfix(loss=f"{record['loss']:.3f}", ar=f"{record['ar_loss']:.3f}",
                           dm=f"{record['dm_loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
@@ -299,13 +380,29 @@ def train_and_evaluate(config, workdir: str) -> TrainState:
         bar.update(1)
         if step % config.eval_every_steps == 0 or step == config.num_train_steps:
           evaluate_heldout(config, state, p_eval_step, eval_rng, mesh, log, step)
-        if step % config.checkpoint_every_steps == 0 or step == config.num_train_steps:
-          ckpt_lib.save(manager, step, state, data_iter, config.to_dict())
+        if (step % config.checkpoint_every_steps == 0 or step == config.num_train_steps
+            or stop.signal_name):
+          check_nonfinite(metrics, config, step)
+          save(step, force=bool(stop.signal_name))
+        if stop.signal_name:
+          logging.warning("%s: saved a checkpoint at step %d in %s; run the same command to "
+                          "resume", stop.signal_name, step, workdir)
+          break
   finally:
     bar.close()
     manager.wait_until_finished()
     manager.close()
   return state
+
+
+def check_nonfinite(metrics, config, step) -> None:
+  """Stops training after `max_nonfinite_steps` non-finite updates in a row."""
+  run = int(jax.device_get(metrics["nonfinite_run"]))
+  if run >= config.max_nonfinite_steps:
+    raise TrainingError(
+        f"the loss or gradients were not finite for {run} steps in a row (up to step "
+        f"{step}); the updates were skipped and the last checkpoint is intact: lower "
+        "config.learning_rate or check the data for NaNs")
 
 
 def evaluate_heldout(config, state, p_eval_step, rng, mesh, log, step) -> dict:
