@@ -5,9 +5,7 @@
 
 Resumes from the newest checkpoint in --workdir. All logic lives in mot.train_lib.
 """
-import sys
-
-from absl import app, flags, logging
+from absl import flags
 from ml_collections import config_flags
 
 from mot import cli
@@ -37,4 +35,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -14,10 +14,60 @@ def fail(message: str, code: int = 1):
   sys.exit(code)
 
 
+def one_line(message: str) -> str:
+  """Collapses a multi-line library message into one line."""
+  return " ".join(str(message).split())
+
+
+def _config_file_arg(argv) -> str | None:
+  for i, arg in enumerate(argv):
+    if arg.startswith("--config="):
+      return arg.split("=", 1)[1]
+    if arg == "--config" and i + 1 < len(argv):
+      return argv[i + 1]
+  return None
+
+
+def parse_flags(argv):
+  """absl flags parser whose failures are one `error:` line and exit status 2.
+
+  Also forces ml_collections to load the --config file now, so that a missing file, a
+  syntax error in it, a bad variant or an unknown --config.FIELD fails here, cleanly.
+  """
+  from absl import flags
+  FLAGS = flags.FLAGS
+  try:
+    rest = FLAGS(argv)
+    if "config" in FLAGS and FLAGS["config"].present:
+      FLAGS.config.keys()
+    return rest
+  except flags.IllegalFlagValueError as e:
+    text = str(e)
+    if "Traceback" in text:  # an exception raised inside the config file: keep its last line
+      text = text.split("--config")[0] + "--config: " + text.strip().splitlines()[-1]
+    fail(one_line(text), code=2)
+  except flags.Error as e:
+    fail(f"{one_line(e)} (see --help)", code=2)
+  except (OSError, SyntaxError) as e:
+    fail(f"cannot load --config {_config_file_arg(argv)}: "
+         f"{one_line(str(e).splitlines()[-1])}", code=2)
+  except (AttributeError, KeyError) as e:
+    fail(f"a --config.FIELD override names no field of the config: {one_line(e)}", code=2)
+  except (ValueError, TypeError) as e:
+    fail(f"bad --config: {one_line(e)}", code=2)
+
+
+def run(main):
+  """app.run with clean flag errors."""
+  from absl import app
+  app.run(main, flags_parser=parse_flags)
+
+
 def _expected_errors():
   from mot.checkpoint import CheckpointError
+  from mot.pipeline import InputError
   from mot.train_lib import TrainingError
-  return (ConfigError, CheckpointError, TrainingError)
+  return (ConfigError, CheckpointError, TrainingError, InputError)
 
 
 @contextlib.contextmanager
@@ -26,14 +76,14 @@ def clean_errors():
   try:
     yield
   except _expected_errors() as e:
-    fail(str(e))
+    fail(one_line(e))
   except KeyboardInterrupt:
     fail("interrupted", code=130)
 
 
 class _QuietLibraries:
   """absl handler filter: library INFO chatter (orbax, grain) hidden, warnings kept."""
-  NOISY = ("orbax", "grain", "tensorstore")
+  NOISY = ("orbax", "grain", "tensorstore", "xla_bridge")
 
   def filter(self, record) -> bool:
     import logging as py_logging

@@ -25,7 +25,7 @@ from absl import logging
 
 from mot import checkpoint as ckpt_lib
 from mot import config as config_lib
-from mot import diffusion, sharding
+from mot import diffusion, plot, sharding, summary
 from mot.data import packing, pipeline
 from mot.model import MoT, inputs_from_batch
 
@@ -196,21 +196,53 @@ def jit_train_step(model, tx, config, mesh, rules, state_shardings):
 # ----------------------------------------------------------------------------------------
 # Held-out data.
 # ----------------------------------------------------------------------------------------
+def pack_rows(examples: list[dict], seq_len: int, per_row: int) -> list[dict]:
+  """Greedy rows of at most `per_row` examples: a new row starts when the next example
+  does not fit, so no held-out example is ever dropped (each one fits alone: validated)."""
+  rows, current, used = [], [], 0
+  for ex in examples:
+    n = len(ex["tokens"])
+    if current and (used + n > seq_len or len(current) == per_row):
+      rows.append(packing.pack_examples(current, seq_len)[0])
+      current, used = [], 0
+    current.append(ex)
+    used += n
+  if current:
+    rows.append(packing.pack_examples(current, seq_len)[0])
+  return rows
+
+
 def heldout_batches(config, batch_size: int) -> list[dict[str, np.ndarray]]:
-  """The 297 held-out digits as generation and reasoning examples, packed into rows."""
+  """The held-out examples (generation and reasoning tasks), packed into full batches."""
   examples = (pipeline.heldout_examples(config.data, "generation")
               + pipeline.heldout_examples(config.data, "reasoning"))
-  per_row = config.data.examples_per_row
-  rows = []
-  for i in range(0, len(examples), per_row):
-    row, dropped = packing.pack_examples(examples[i:i + per_row], config.data.seq_len)
-    assert dropped == 0, "held-out examples must fit config.data.seq_len"
-    rows.append(row)
+  rows = pack_rows(examples, config.data.seq_len, config.data.examples_per_row)
   empty = {k: np.zeros_like(v) for k, v in rows[0].items()}
   while len(rows) % batch_size:
     rows.append(empty)
   return [{k: np.stack([r[k] for r in rows[i:i + batch_size]]) for k in rows[0]}
           for i in range(0, len(rows), batch_size)]
+
+
+# ----------------------------------------------------------------------------------------
+# Training input (multi-host: each process loads only its rows).
+# ----------------------------------------------------------------------------------------
+def process_train_dataset(config, mesh):
+  """This process's rows of every global training batch (all of them on one process).
+
+  Global batch j is the same for any number of processes, so losses match a
+  single-process run; process p loads its block, rows [p*B/P, (p+1)*B/P) on CPU/GPU.
+  """
+  index, count = sharding.data_shard(mesh, config.batch_size)
+  return pipeline.make_train_dataset(config.data, config.seed, config.batch_size // count,
+                                     index, count)
+
+
+def global_tokens(local: dict[str, np.ndarray], batch_size: int) -> int:
+  """Real tokens in the global batch, estimated from this process's rows (exact with one
+  process; an exact multi-host count would need a cross-host sum every step)."""
+  rows = local["segment_ids"].shape[0]
+  return int(np.sum(local["segment_ids"] > 0)) * batch_size // rows
 
 
 # ----------------------------------------------------------------------------------------
@@ -228,6 +260,7 @@ class MetricsLog:
     self.enabled = jax.process_index() == 0
     if self.enabled and os.path.exists(self.path):
       self._truncate_after(resume_step)
+    self.tensorboard = summary.SummaryWriter(workdir, enabled=self.enabled)
 
   def _truncate_after(self, step: int) -> None:
     with open(self.path) as f:
@@ -246,14 +279,24 @@ class MetricsLog:
       os.replace(tmp, self.path)
 
   def write(self, record: dict) -> None:
+    """Appends the record to metrics.jsonl and mirrors its scalars to TensorBoard."""
     if self.enabled:
       with open(self.path, "a") as f:
         f.write(json.dumps(record) + "\n")
+      self.tensorboard.scalars(record["step"], record)
+
+  def image(self, step: int, name: str, image) -> None:
+    self.tensorboard.image(step, name, image)
+
+  def close(self) -> None:
+    self.tensorboard.close()
 
 
 def _mean_metrics(history: list[dict]) -> dict[str, float]:
   history = jax.device_get(history)
-  return {k: float(np.mean([h[k] for h in history])) for k in history[0]}
+  # float64 on purpose: restored (JSON) and fresh (float32) entries then average alike.
+  return {k: float(np.mean(np.asarray([h[k] for h in history], np.float64)))
+          for k in history[0]}
 
 
 LOGGED = ("loss", "ar_loss", "dm_loss", "learning_rate", "grad_norm")
@@ -300,6 +343,7 @@ def check_resumable(workdir: str, step: int, config) -> None:
 
 def train_and_evaluate(config, workdir: str) -> TrainState:
   """Trains `config` in `workdir`, resuming from its newest checkpoint; returns the state."""
+  run_start = time.perf_counter()
   model_cfg = config_lib.validate(config)
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise config_lib.ConfigError(f"--workdir {workdir} is a file: pass a directory")
@@ -317,13 +361,14 @@ def train_and_evaluate(config, workdir: str) -> TrainState:
   model = MoT(model_cfg)
   tx = make_optimizer(config)
   init_rng, step_rng, eval_rng = jax.random.split(jax.random.PRNGKey(config.seed), 3)
+  step_rng = sharding.replicate(mesh, step_rng)  # global: checkpointed from every host
   state, state_shardings = create_train_state(model, tx, mesh, rules, init_rng,
                                               config.data.seq_len)
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
   logging.info("Model: %.2fM parameters", num_params / 1e6)
 
   # ---- Input pipeline. ----
-  dataset = pipeline.make_train_dataset(config.data, config.seed, config.batch_size)
+  dataset = process_train_dataset(config, mesh)
   data_iter = iter(dataset)
 
   # ---- Checkpoint: resume from the newest good one. ----
@@ -357,8 +402,9 @@ def train_and_evaluate(config, workdir: str) -> TrainState:
     with jax.set_mesh(mesh), StopRequest() as stop:
       for step in range(start_step + 1, config.num_train_steps + 1):
         local = next(data_iter)
-        interval_tokens += int(np.sum(local["segment_ids"] > 0))
-        state, metrics = p_train_step(state, sharding.global_batch(mesh, local), step_rng)
+        interval_tokens += global_tokens(local, config.batch_size)
+        state, metrics = p_train_step(
+            state, sharding.global_batch(mesh, local, config.batch_size), step_rng)
         history.append(metrics)
         if step == start_step + 1:
           jax.block_until_ready(state)
@@ -392,7 +438,23 @@ def train_and_evaluate(config, workdir: str) -> TrainState:
     bar.close()
     manager.wait_until_finished()
     manager.close()
+    log.close()
+  finish(workdir, state, time.perf_counter() - run_start)
   return state
+
+
+def finish(workdir: str, state: TrainState, wall_s: float) -> None:
+  """End-of-run summary: curves PNG and where everything is (process 0)."""
+  if jax.process_index() != 0:
+    return
+  try:
+    curves = plot.plot_metrics(workdir)
+  except (OSError, ValueError) as e:
+    curves = f"(no curves: {e})"
+  logging.info("Finished at step %d in %.0fs. Checkpoints: %s; metrics: %s; curves: %s; "
+               "TensorBoard: tensorboard --logdir %s", int(state.step), wall_s,
+               ckpt_lib.checkpoint_dir(workdir), os.path.join(workdir, "metrics.jsonl"),
+               curves, workdir)
 
 
 def check_nonfinite(metrics, config, step) -> None:
@@ -408,8 +470,9 @@ def check_nonfinite(metrics, config, step) -> None:
 def evaluate_heldout(config, state, p_eval_step, rng, mesh, log, step) -> dict:
   """Held-out AR and DM losses of the EMA parameters, logged as eval_* records."""
   batches = heldout_batches(config, config.batch_size)
-  results = [p_eval_step(state.ema_params, sharding.global_batch(mesh, b), rng)
-             for b in batches]
+  # Every process holds the whole held-out batch; each device takes its own rows of it.
+  results = [p_eval_step(state.ema_params, sharding.global_batch(mesh, b, config.batch_size),
+                         rng) for b in batches]
   summary = _mean_metrics(results)
   record = {"step": step, "eval_ar_loss": summary["ar_loss"], "eval_dm_loss": summary["dm_loss"]}
   log.write(record)

@@ -9,6 +9,9 @@ integer, which makes checkpoint/resume exact.
     -> example (task drawn from task_weights; variant and augmentation from the same rng)
     -> row (examples_per_row examples packed into seq_len)
     -> batch [batch_size, seq_len, ...]
+
+`config.data.dataset` picks the pairs: "digits" (image, label) or your own (image,
+caption) pairs, "image_folder" and "array_record" (see `mot.data.user_data`).
 """
 from __future__ import annotations
 
@@ -22,8 +25,9 @@ import numpy as np
 from mot.data import digits
 from mot.data import packing
 from mot.data import tasks
+from mot.data import user_data
 
-DATASETS = ("digits",)
+DATASETS = ("digits", "image_folder", "array_record")
 
 
 def make_train_dataset(data_config: Any, seed: int, batch_size: int,
@@ -38,7 +42,8 @@ def make_train_dataset(data_config: Any, seed: int, batch_size: int,
     seed: data seed, in [0, 2**32).
     batch_size: rows per batch on this process.
     shard_index, shard_count: this process's share of rows (multi-host: process
-      index and count); shards are disjoint and each is deterministic.
+      index and count): block shard_index of the global batch of
+      batch_size * shard_count rows, which does not depend on shard_count.
   Returns:
     IterDataset of dicts: every `SequenceBuilder` field plus `segment_ids`, numpy
     arrays [batch_size, seq_len, ...] (`patches` float32 [B, L, patch_dim],
@@ -46,16 +51,19 @@ def make_train_dataset(data_config: Any, seed: int, batch_size: int,
   """
   options = validate(data_config)
   names, probs = _task_mixture(data_config)
-  images, labels = _train_pairs(data_config)
+  pairs = _train_pairs(data_config)
   shuffle_seed, map_seed = (int(s) for s in np.random.SeedSequence(seed).generate_state(2))
-  ds = grain.MapDataset.range(len(images)).shuffle(seed=shuffle_seed).repeat(None)
+  ds = grain.MapDataset.range(len(pairs)).shuffle(seed=shuffle_seed).repeat(None)
   ds = ds.random_map(
-      _MakeExample(images, labels, names, probs, options, int(data_config.shift_pixels)),
+      _MakeExample(pairs, _build_fn(data_config), names, probs, options,
+                   int(data_config.shift_pixels)),
       seed=map_seed)
   ds = ds.batch(int(data_config.examples_per_row), batch_fn=_PackRow(data_config.seq_len))
+  # Global batch j is rows [j*B, (j+1)*B) whatever the shard count (B = batch_size *
+  # shard_count); shard i loads its block [i*batch_size, (i+1)*batch_size) of it.
+  ds = ds.batch(batch_size)
   if shard_count > 1:
     ds = ds[shard_index::shard_count]
-  ds = ds.batch(batch_size)
   read_options = grain.ReadOptions(
       num_threads=int(getattr(data_config, "num_threads", 1)),
       prefetch_buffer_size=int(getattr(data_config, "prefetch", 2)))
@@ -73,19 +81,28 @@ def heldout_examples(data_config: Any, task: str) -> list[dict[str, np.ndarray]]
   held-out index, so the list is the same on every call.
   """
   options = validate(data_config, task_names=(task,))
-  images, labels = _heldout_pairs(data_config)
-  return [tasks.build_example(task, image, label, options, np.random.default_rng(i))
-          for i, (image, label) in enumerate(zip(images, labels))]
+  pairs, build = _heldout_pairs(data_config), _build_fn(data_config)
+  examples = []
+  for i in range(len(pairs)):
+    image, label = pairs[i]
+    examples.append(build(task, image, label, options, np.random.default_rng(i)))
+  return examples
 
 
 def heldout_labels(data_config: Any) -> np.ndarray:
-  """int [297] labels of the held-out images (never trained on)."""
-  return _heldout_pairs(data_config)[1]
+  """int [297] labels of the held-out digits (never trained on); user data: its captions."""
+  pairs = _heldout_pairs(data_config)
+  if isinstance(pairs, _ArrayPairs):
+    return pairs.labels
+  return np.array([pairs[i][1] for i in range(len(pairs))])
 
 
 def heldout_images(data_config: Any) -> np.ndarray:
-  """float32 [297, 8, 8] held-out images in [-1, 1]."""
-  return _heldout_pairs(data_config)[0]
+  """float32 [297, 8, 8] held-out digits in [-1, 1]; user data: [M, S, S]."""
+  pairs = _heldout_pairs(data_config)
+  if isinstance(pairs, _ArrayPairs):
+    return pairs.images
+  return np.stack([pairs[i][0] for i in range(len(pairs))])
 
 
 def describe_batch(batch: Mapping[str, np.ndarray]) -> dict[str, int | float]:
@@ -107,20 +124,30 @@ def validate(data_config: Any, task_names: tuple[str, ...] | None = None) -> tas
   if dataset not in DATASETS:
     raise ValueError(f"config.data.dataset={dataset!r} is unknown; known: {DATASETS}")
   p, patch_dim = int(data_config.patch_size), int(data_config.patch_dim)
-  if p < 1 or 8 % p:
-    raise ValueError(f"config.data.patch_size={p} must divide the 8x8 digit images")
+  size = 8 if dataset == "digits" else user_data.image_options(data_config).size
+  if p < 1 or size % p:
+    raise ValueError(f"config.data.patch_size={p} must divide the {size}x{size} images" +
+                     (" (config.data.image_size)" if dataset != "digits" else ""))
   if patch_dim < p * p:
     raise ValueError(f"config.data.patch_dim={patch_dim} is smaller than patch_size**2 "
                      f"= {p * p}")
   options = tasks.TaskOptions(patch_size=p, patch_dim=patch_dim)
   if task_names is None:
     task_names = _task_mixture(data_config)[0]
-  lengths = {name: tasks.max_example_length(name, options) for name in task_names}
+  if dataset == "digits":
+    lengths = {name: tasks.max_example_length(name, options) for name in task_names}
+    why = ""
+  else:  # Opens and checks every file once (cached): errors surface here, not in grain.
+    data = user_data.open_user_data(data_config)
+    lengths = {name: user_data.max_example_length(name, options, size, data.longest_caption)
+               for name in task_names}
+    why = (f" (the longest caption has {len(data.longest_caption.encode('utf-8'))} bytes; "
+           "shorten it or raise seq_len)")
   longest = max(lengths, key=lengths.get)
   seq_len = int(data_config.seq_len)
   if seq_len < lengths[longest]:
     raise ValueError(f"config.data.seq_len={seq_len} cannot hold one {longest!r} example: "
-                     f"the minimum needed is {lengths[longest]}")
+                     f"the minimum needed is {lengths[longest]}{why}")
   per_row = int(getattr(data_config, "examples_per_row", 1))
   if per_row * lengths[longest] > seq_len:
     logging.warning("config.data.seq_len=%d < examples_per_row=%d x %d tokens: some "
@@ -130,10 +157,10 @@ def validate(data_config: Any, task_names: tuple[str, ...] | None = None) -> tas
 
 
 class _MakeExample:
-  """random_map transform: image index -> one example of a task drawn from the mix."""
+  """random_map transform: pair index -> one example of a task drawn from the mix."""
 
-  def __init__(self, images, labels, names, probs, options, shift_pixels):
-    self.images, self.labels = images, labels
+  def __init__(self, pairs, build, names, probs, options, shift_pixels):
+    self.pairs, self.build = pairs, build
     self.names, self.cum_probs = names, np.cumsum(probs)
     self.options, self.shift_pixels = options, shift_pixels
 
@@ -141,9 +168,8 @@ class _MakeExample:
     # Inverse-CDF draw: same law as rng.choice(p=...), several times cheaper.
     task = min(int(np.searchsorted(self.cum_probs, rng.random(), side="right")),
                len(self.names) - 1)
-    name = self.names[task]
-    return tasks.build_example(name, self.images[index], self.labels[index], self.options,
-                               rng, self.shift_pixels)
+    image, label = self.pairs[index]  # User data: the image is decoded here.
+    return self.build(self.names[task], image, label, self.options, rng, self.shift_pixels)
 
 
 class _PackRow:
@@ -161,6 +187,8 @@ def _task_mixture(data_config: Any) -> tuple[tuple[str, ...], np.ndarray]:
   weights = dict(data_config.task_weights)
   for name, w in weights.items():
     tasks.get_task(name)  # Unknown names raise, listing the known ones.
+    if data_config.dataset != "digits" and w > 0:
+      user_data.check_task(name)
     if w < 0:
       raise ValueError(f"config.data.task_weights[{name!r}]={w} is negative")
   names = tuple(sorted(n for n, w in weights.items() if w > 0))
@@ -170,20 +198,42 @@ def _task_mixture(data_config: Any) -> tuple[tuple[str, ...], np.ndarray]:
   return names, probs / probs.sum()
 
 
-def _train_pairs(data_config: Any) -> tuple[np.ndarray, np.ndarray]:
-  """(images [N, H, W], labels [N]) the model trains on."""
+class _ArrayPairs:
+  """pairs[i] -> (image [H, W], label) of in-memory arrays (the digits)."""
+
+  def __init__(self, images: np.ndarray, labels: np.ndarray):
+    self.images, self.labels = images, labels
+
+  def __len__(self) -> int:
+    return len(self.images)
+
+  def __getitem__(self, i: int):
+    return self.images[i], self.labels[i]
+
+
+def _build_fn(data_config: Any):
+  """(task name, image, label or caption, options, rng, shift) -> example."""
+  return tasks.build_example if data_config.dataset == "digits" else user_data.build_example
+
+
+def _train_pairs(data_config: Any):
+  """pairs[i] -> (image [H, W], label or caption) the model trains on."""
   if data_config.dataset == "digits":
     images, labels, _, _ = digits.load_digits_split()
-    return images, labels
+    return _ArrayPairs(images, labels)
+  if data_config.dataset in DATASETS:
+    return user_data.open_user_data(data_config).train
   raise ValueError(f"config.data.dataset={data_config.dataset!r} is unknown; "
                    f"known: {DATASETS}")
 
 
-def _heldout_pairs(data_config: Any) -> tuple[np.ndarray, np.ndarray]:
-  """(images [M, H, W], labels [M]) kept for evaluation only."""
+def _heldout_pairs(data_config: Any):
+  """pairs[i] -> (image [H, W], label or caption) kept for evaluation only."""
   if data_config.dataset == "digits":
     _, _, images, labels = digits.load_digits_split()
-    return images, labels
+    return _ArrayPairs(images, labels)
+  if data_config.dataset in DATASETS:
+    return user_data.open_user_data(data_config).heldout
   raise ValueError(f"config.data.dataset={data_config.dataset!r} is unknown; "
                    f"known: {DATASETS}")
 
