@@ -1,7 +1,8 @@
 """Default run: the unified model on scikit-learn's bundled 8x8 digits (no download).
 
 Both heads train on one backbone from one task mix: caption -> image (DM), image ->
-answer (AR) and text only (AR).
+answer (AR), text only (AR) and interleaved "draw the digit after 3:" -> "4" (AR) -> an
+image of a 4 (DM), which `sample.py --mode think_then_draw` samples.
 
   python train.py --config configs/digits.py --workdir runs/digits
   python train.py --config configs/digits.py:tiny --workdir /tmp/tiny   # seconds, for tests
@@ -32,6 +33,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.adam_b1 = 0.9                    # AdamW beta1
   c.adam_b2 = 0.98                   # AdamW beta2
   c.grad_clip_norm = 1.0             # global-norm gradient clipping
+  c.freeze_understanding = False     # experts="mode": train only the generation path (BAGEL)
   c.ema_decay = 0.999                # EMA of the parameters used for sampling
   c.max_nonfinite_steps = 10         # stop after this many non-finite updates in a row
 
@@ -45,6 +47,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # ---- Logging and checkpoints. ----
   c.log_every_steps = 50             # metrics.jsonl / progress-bar interval
   c.eval_every_steps = 1000          # held-out evaluation interval
+  c.eval_samples_per_digit = 20      # images per digit for the accuracy/Fréchet protocol (0: off)
   c.checkpoint_every_steps = 500     # orbax checkpoint interval (also at the end)
   c.keep_checkpoints = 3             # newest checkpoints kept
   c.progress_bar = True              # tqdm bar on process 0
@@ -73,6 +76,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
       ("patch", None),
       ("time", None),
       ("norm", None),
+      ("expert", None),                # MoT experts' leading weight axis (model.experts)
   )
 
   # ---- Data. ----
@@ -83,8 +87,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.data.patch_size = 2              # 8x8 image -> (8/p)^2 patches of p*p pixels
   c.data.patch_dim = 4               # width of the patches field (>= patch_size**2)
   c.data.shift_pixels = 1            # random shift augmentation for the reading task
-  c.data.task_weights = ml_collections.ConfigDict(
-      {"generation": 0.45, "reasoning": 0.45, "text": 0.1})  # task mix
+  c.data.task_weights = ml_collections.ConfigDict(  # task mix (interleaved: think, then draw)
+      {"generation": 0.4, "reasoning": 0.4, "text": 0.1, "interleaved": 0.1})
 
   # ---- Model (becomes the frozen mot.config.ModelConfig). ----
   c.model = ml_collections.ConfigDict()
@@ -101,6 +105,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.model.rope_interleaved = False   # Qwen3-VL interleaved layout instead of Qwen2-VL's
   c.model.time_embed_dim = 256       # sinusoidal timestep features
   c.model.experts = "shared"         # "shared" | "mode" | "modality" weight tying
+  c.model.expert_impl = "auto"       # grouped matmul: "tiled" | "ragged" (ragged_dot) | "auto"
+  c.model.expert_tile = 256          # rows per tile of the "tiled" grouped matmul
+  c.model.init_generation_from_understanding = False  # experts start as copies of expert 0
   c.model.scan_layers = True         # nn.scan over blocks (faster compiles)
   c.model.remat_policy = "none"      # "none" or a jax.checkpoint_policies name
   c.model.dtype = "float32"          # compute dtype (bf16 is no faster on CPU)
@@ -118,6 +125,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.warmup_steps = 1
     c.log_every_steps = 2
     c.eval_every_steps = 4
+    c.eval_samples_per_digit = 0     # tests call mot.evaluate themselves
     c.checkpoint_every_steps = 2
     c.progress_bar = False
     c.model.d_model = 64

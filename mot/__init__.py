@@ -1,0 +1,13 @@
+"""mot: a Mixture-of-Transformers model with an AR head (text) and a DM head (media).
+
+`import mot` is cheap: `mot.Pipeline` (sampling from a checkpoint) is imported on first use.
+"""
+
+__all__ = ["Pipeline"]
+
+
+def __getattr__(name):
+  if name == "Pipeline":
+    from mot.pipeline import Pipeline  # pylint: disable=g-import-not-at-top
+    return Pipeline
+  raise AttributeError(f"module 'mot' has no attribute {name!r}")

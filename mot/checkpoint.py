@@ -13,7 +13,10 @@ from typing import Any
 import grain
 from absl import logging
 import jax
+import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 
 CHECKPOINT_DIR = "checkpoints"
 
@@ -97,3 +100,87 @@ def saved_config(workdir: str, step: int) -> dict:
   path = os.path.join(checkpoint_dir(workdir), str(step), "config", "metadata")
   with open(path) as f:
     return json.load(f)
+
+
+# ----------------------------------------------------------------------------------------
+# Read-only access for sampling and evaluation.
+# ----------------------------------------------------------------------------------------
+def available_steps(workdir: str) -> list[int]:
+  """Steps of the complete checkpoints in `workdir`, oldest first.
+
+  Raises CheckpointError (one line) for a missing workdir, a workdir that is a file, or
+  a workdir without any checkpoint.
+  """
+  if not os.path.exists(workdir):
+    raise CheckpointError(f"workdir {workdir} does not exist")
+  if not os.path.isdir(workdir):
+    raise CheckpointError(f"workdir {workdir} is a file, not a directory")
+  steps = []
+  if os.path.isdir(checkpoint_dir(workdir)):  # Finalized steps only (no *-tmp-* saves).
+    steps = ocp.utils.checkpoint_steps(checkpoint_dir(workdir))
+  if not steps:
+    raise CheckpointError(f"no checkpoint in workdir {workdir}: train first, e.g. "
+                          f"python train.py --config configs/digits.py --workdir {workdir}")
+  return sorted(int(s) for s in steps)
+
+
+def restore_params(workdir: str, step: int | None = None, use_ema: bool = True,
+                   device=None) -> tuple[Any, dict, int]:
+  """(params, saved config dict, step) of one checkpoint, without the optimizer state.
+
+  Reads only the parameter subtree (the EMA parameters when `use_ema` and present) onto
+  one device. With `step=None` the newest checkpoint is used; one that cannot be read
+  is skipped with a warning naming it when an older one exists. Every failure is a
+  CheckpointError with a one-line message.
+  """
+  steps = available_steps(workdir)
+  if step is not None:
+    if int(step) not in steps:
+      raise CheckpointError(f"no checkpoint at step {step} in workdir {workdir}; "
+                            f"available steps: {steps}")
+    candidates = [int(step)]
+  else:
+    candidates = steps[::-1]
+  errors = []
+  for s in candidates:
+    try:
+      params, config = _restore_params_at(workdir, s, use_ema, device)
+    except Exception as e:  # pylint: disable=broad-except  (any damage: try the next)
+      reason = " ".join(str(e).split())[:200] or type(e).__name__
+      errors.append(f"step {s}: {reason}")
+      if s != candidates[-1]:
+        logging.warning("checkpoint %s cannot be read (%s); trying an older one",
+                        os.path.join(checkpoint_dir(workdir), str(s)), reason)
+      continue
+    return params, config, s
+  raise CheckpointError(f"no readable checkpoint in workdir {workdir} ({'; '.join(errors)})")
+
+
+def _restore_params_at(workdir: str, step: int, use_ema: bool, device) -> tuple[Any, dict]:
+  config = saved_config(workdir, step)
+  if not isinstance(config, dict) or "model" not in config:
+    raise ValueError("its config JSON has no model section")
+  path = epath.Path(os.path.join(checkpoint_dir(workdir), str(step), "state"))
+  handler = ocp.PyTreeCheckpointHandler()
+  tree = handler.metadata(path).tree
+  # The train state sits at the top of the item or under "state" (beside e.g. the rng).
+  prefix = ()
+  if "params" not in tree and isinstance(tree.get("state"), dict):
+    prefix, tree = ("state",), tree["state"]
+  key = "ema_params" if use_ema and "ema_params" in tree else "params"
+  if key not in tree:
+    raise ValueError("its state holds no params")
+  # Read as host arrays, then put them on the device uncommitted (like any jnp array),
+  # so jitted samplers compiled for in-memory parameters are reused for restored ones.
+  abstract = jax.tree.map(lambda m: np.zeros((), m.dtype), tree[key])
+  item = {key: abstract}
+  restore_args = {key: jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
+                                   abstract)}
+  for name in reversed(prefix):
+    item, restore_args = {name: item}, {name: restore_args}
+  restored = handler.restore(path, args=ocp.args.PyTreeRestore(
+      item=item, restore_args=restore_args, partial_restore=True))
+  for name in prefix:
+    restored = restored[name]
+  put = (lambda x: jax.device_put(x, device)) if device is not None else jnp.asarray
+  return jax.tree.map(put, restored[key]), config

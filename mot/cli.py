@@ -94,8 +94,10 @@ class _QuietLibraries:
 
 def configure_logging() -> None:
   """INFO for mot's own messages; third-party INFO logs filtered out."""
+  import jax
   from absl import logging
-  logging.set_verbosity(logging.INFO)
+  # Processes other than 0 would only repeat process 0's lines.
+  logging.set_verbosity(logging.INFO if jax.process_index() == 0 else logging.WARNING)
   logging.get_absl_handler().addFilter(_QuietLibraries())
 
 
@@ -103,6 +105,10 @@ def maybe_initialize_distributed(coordinator_address=None, num_processes=None,
                                  process_id=None) -> None:
   """Calls jax.distributed.initialize when flags or JAX_* environment variables ask."""
   address = coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
+  if num_processes is None and os.environ.get("JAX_NUM_PROCESSES"):
+    num_processes = int(os.environ["JAX_NUM_PROCESSES"])
+  if process_id is None and os.environ.get("JAX_PROCESS_ID"):
+    process_id = int(os.environ["JAX_PROCESS_ID"])
   if address is None and num_processes is None:
     return
   import jax

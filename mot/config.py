@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from mot import tokenizer
 
 EXPERT_MODES = ("shared", "mode", "modality")
+EXPERT_IMPLS = ("auto", "tiled", "ragged")
 
 
 class ConfigError(ValueError):
@@ -37,6 +38,9 @@ class ModelConfig:
   rope_interleaved: bool = False         # Qwen3-VL interleaved layout instead of Qwen2-VL
   time_embed_dim: int = 256              # sinusoidal features of the diffusion timestep
   experts: str = "shared"
+  expert_impl: str = "auto"              # grouped matmul: "auto" | "tiled" | "ragged"
+  expert_tile: int = 256                 # rows per tile of the "tiled" grouped matmul
+  init_generation_from_understanding: bool = False  # every expert starts as expert 0
   scan_layers: bool = True
   remat_policy: str = "none"             # "none" or a jax.checkpoint_policies name
   dtype: str = "float32"                 # compute dtype
@@ -90,6 +94,13 @@ def validate_model(m: ModelConfig) -> None:
          f"but must sum to head_dim // 2 = {m.head_dim // 2}: e.g. (8, 12, 12) for head_dim 64")
   _check(m.experts in EXPERT_MODES,
          f"config.model.experts={m.experts!r} is unknown: use one of {EXPERT_MODES}")
+  _check(m.expert_impl in EXPERT_IMPLS,
+         f"config.model.expert_impl={m.expert_impl!r} is unknown: use one of {EXPERT_IMPLS}")
+  _check(isinstance(m.expert_tile, int) and m.expert_tile > 0,
+         f"config.model.expert_tile={m.expert_tile!r} must be a positive integer")
+  _check(not m.init_generation_from_understanding or m.experts != "shared",
+         "config.model.init_generation_from_understanding=True needs experts: set "
+         "config.model.experts='mode'")
   _check(max(m.modality_patch_dims) <= m.patch_dim,
          f"config.model.patch_dim={m.patch_dim} is smaller than a modality's patch "
          f"({max(m.modality_patch_dims)}): raise patch_dim")
@@ -131,6 +142,13 @@ def validate(config: Any) -> ModelConfig:
   _check(config.data.patch_size ** 2 == model.modality_patch_dims[1],
          f"config.model.modality_patch_dims[1]={model.modality_patch_dims[1]} must equal "
          f"config.data.patch_size**2 = {config.data.patch_size ** 2} (an image patch's size)")
+  _check(isinstance(config.get("eval_samples_per_digit", 0), int)
+         and config.get("eval_samples_per_digit", 0) >= 0,
+         f"config.eval_samples_per_digit={config.get('eval_samples_per_digit')!r} must be an "
+         "integer >= 0 (0 turns the sampling evaluation off)")
+  _check(not config.get("freeze_understanding", False) or model.experts == "mode",
+         "config.freeze_understanding=True needs the understanding expert: set "
+         "config.model.experts='mode'")
   _check(config.max_nonfinite_steps > 0,
          f"config.max_nonfinite_steps={config.max_nonfinite_steps} must be positive")
   from mot.data import pipeline  # local: keeps `import mot.config` light

@@ -1,5 +1,11 @@
 """Building blocks: RMSNorm, grouped-query attention with QK-norm and M-RoPE, SwiGLU MLP,
-timestep embedding. Parameters carry logical axis names; no mesh axis appears here."""
+timestep embedding. Parameters carry logical axis names; no mesh axis appears here.
+
+Linear, RMSNorm, Attention and SwiGLU take an optional `groups` (`mot.experts.Groups`):
+with it their weights gain a leading "expert" axis, inputs and outputs are in the grouped
+buffer layout [R, ...] and every row uses its own expert's weights; without it they are
+the plain dense layers on [B, L, ...] (same parameter names and shapes as always).
+"""
 from __future__ import annotations
 
 import math
@@ -8,7 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from mot import rope
+from mot import experts, rope
 from mot.config import ModelConfig
 
 Array = jax.Array
@@ -18,6 +24,14 @@ def dense_init(fan_in: int, names: tuple[str, ...], scale: float = 1.0):
   """Truncated-normal init with std scale/sqrt(fan_in), boxed with logical axis names."""
   std = scale / math.sqrt(fan_in)
   return nn.with_logical_partitioning(nn.initializers.truncated_normal(std), names)
+
+
+def constrain(x: Array, names: tuple[str, ...]) -> Array:
+  """Logical constraint for [B, L, ...] names; on the grouped buffer [R, ...] the row axis
+  takes the batch axis's name (its rows are the batch's tokens)."""
+  if x.ndim == len(names) - 1:
+    names = (names[0],) + tuple(names[2:])
+  return nn.with_logical_constraint(x, names)
 
 
 class Linear(nn.Module):
@@ -33,8 +47,17 @@ class Linear(nn.Module):
   scale: float = 1.0          # init std multiplier
 
   @nn.compact
-  def __call__(self, x: Array) -> Array:
+  def __call__(self, x: Array, groups: experts.Groups | None = None) -> Array:
     in_shape = x.shape[x.ndim - self.in_dims:]
+    if groups is not None:
+      std = self.scale / math.sqrt(math.prod(in_shape))
+      init = experts.expert_init(nn.initializers.truncated_normal(std), self.cfg)
+      kernel = self.param("kernel", nn.with_logical_partitioning(init, ("expert", *self.names)),
+                          (groups.num_experts, *in_shape, *self.out_shape),
+                          self.cfg.params_dtype)
+      return experts.grouped_matmul(x.astype(self.cfg.compute_dtype),
+                                    kernel.astype(self.cfg.compute_dtype), groups,
+                                    self.in_dims)
     kernel = self.param("kernel", dense_init(math.prod(in_shape), self.names, self.scale),
                         (*in_shape, *self.out_shape), self.cfg.params_dtype)
     kernel = kernel.astype(self.cfg.compute_dtype)
@@ -49,13 +72,15 @@ class RMSNorm(nn.Module):
   axis_name: str = "norm"
 
   @nn.compact
-  def __call__(self, x: Array) -> Array:
-    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones,
-                                                             (self.axis_name,)),
-                       (x.shape[-1],), self.cfg.params_dtype)
+  def __call__(self, x: Array, groups: experts.Groups | None = None) -> Array:
+    names = (self.axis_name,) if groups is None else ("expert", self.axis_name)
+    shape = (x.shape[-1],) if groups is None else (groups.num_experts, x.shape[-1])
+    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, names),
+                       shape, self.cfg.params_dtype).astype(jnp.float32)
     x32 = x.astype(jnp.float32)
     x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.cfg.norm_eps)
-    return (x32 * scale.astype(jnp.float32)).astype(self.cfg.compute_dtype)
+    x32 = x32 * scale if groups is None else experts.expert_scale(x32, scale, groups)
+    return x32.astype(self.cfg.compute_dtype)
 
 
 class Attention(nn.Module):
@@ -63,21 +88,26 @@ class Attention(nn.Module):
 
   q: [B, Lq, H, D]; k, v: [B, Lk, K, D] with H % K == 0. With `cache` (dict of k, v
   [B, Lmax, K, D]) the new keys/values are written at `cache_index` and the queries
-  attend over the whole cache; the mask then has Lk = Lmax.
+  attend over the whole cache; the mask then has Lk = Lmax. With `groups`, x and the
+  output are grouped buffers [R, d]: projections and QK-norms run per expert, then q, k, v
+  return to [B, L, ...] for RoPE, the cache and the (global) attention.
   """
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x: Array, positions: Array, mask: Array, cache=None, cache_index=None):
+  def __call__(self, x: Array, positions: Array, mask: Array, cache=None, cache_index=None,
+               groups: experts.Groups | None = None):
     cfg = self.cfg
     d, h, kv, hd = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     dt = cfg.compute_dtype
-    q = Linear(cfg, (h, hd), ("embed", "heads", "kv"), name="query")(x)
+    q = Linear(cfg, (h, hd), ("embed", "heads", "kv"), name="query")(x, groups)
     kv_pair = Linear(cfg, (2, kv, hd), ("embed", "kv_pair", "kv_heads", "kv"),
-                     name="key_value")(x)
-    k, v = kv_pair[:, :, 0], kv_pair[:, :, 1]
-    q = RMSNorm(cfg, axis_name="kv", name="query_norm")(q)
-    k = RMSNorm(cfg, axis_name="kv", name="key_norm")(k)
+                     name="key_value")(x, groups)
+    k, v = kv_pair[..., 0, :, :], kv_pair[..., 1, :, :]
+    q = RMSNorm(cfg, axis_name="kv", name="query_norm")(q, groups)
+    k = RMSNorm(cfg, axis_name="kv", name="key_norm")(k, groups)
+    if groups is not None:
+      q, k, v = groups.combine(q), groups.combine(k), groups.combine(v)
     q = rope.apply_mrope(q, positions, cfg.rope_sections, cfg.rope_theta, cfg.rope_interleaved)
     k = rope.apply_mrope(k, positions, cfg.rope_sections, cfg.rope_theta, cfg.rope_interleaved)
     new_cache = None
@@ -90,7 +120,9 @@ class Attention(nn.Module):
                                        implementation=cfg.attention_impl)
     out = nn.with_logical_constraint(out, ("activation_batch", "activation_length",
                                            "activation_heads", "activation_kv"))
-    out = Linear(cfg, (d,), ("heads", "kv", "embed"), in_dims=2, name="out")(out)
+    if groups is not None:
+      out = groups.dispatch(out)
+    out = Linear(cfg, (d,), ("heads", "kv", "embed"), in_dims=2, name="out")(out, groups)
     return out, new_cache
 
 
@@ -99,14 +131,12 @@ class SwiGLU(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x: Array) -> Array:
+  def __call__(self, x: Array, groups: experts.Groups | None = None) -> Array:
     cfg = self.cfg
-    dt = cfg.compute_dtype
-    gate_up = Linear(cfg, (2, cfg.mlp_dim), ("embed", "mlp_pair", "mlp"), name="wi")(x)
+    gate_up = Linear(cfg, (2, cfg.mlp_dim), ("embed", "mlp_pair", "mlp"), name="wi")(x, groups)
     hidden = nn.silu(gate_up[..., 0, :]) * gate_up[..., 1, :]
-    hidden = nn.with_logical_constraint(hidden, ("activation_batch", "activation_length",
-                                                 "activation_mlp"))
-    return Linear(cfg, (cfg.d_model,), ("mlp", "embed"), name="wo")(hidden)
+    hidden = constrain(hidden, ("activation_batch", "activation_length", "activation_mlp"))
+    return Linear(cfg, (cfg.d_model,), ("mlp", "embed"), name="wo")(hidden, groups)
 
 
 def timestep_features(t: Array, dim: int, max_period: float = 10000.0) -> Array:

@@ -16,7 +16,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from mot import layers, masks
+from mot import experts, layers, masks
 from mot.config import ModelConfig
 
 Array = jax.Array
@@ -36,19 +36,23 @@ class ModelInputs:
 
 
 class Block(nn.Module):
-  """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+  """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x)).
+
+  With `groups` (experts), x is the grouped buffer [R, d] and every sub-layer but the
+  attention itself uses the token's own expert (`mot.experts`).
+  """
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x, positions, mask, cache, cache_index):
-    x = nn.with_logical_constraint(x, ACTIVATION)
+  def __call__(self, x, positions, mask, cache, cache_index, groups=None):
+    x = layers.constrain(x, ACTIVATION)
     attn, new_cache = layers.Attention(self.cfg, name="attention")(
-        layers.RMSNorm(self.cfg, axis_name="embed", name="attention_norm")(x),
-        positions, mask, cache, cache_index)
+        layers.RMSNorm(self.cfg, axis_name="embed", name="attention_norm")(x, groups),
+        positions, mask, cache, cache_index, groups)
     x = x + attn
     x = x + layers.SwiGLU(self.cfg, name="mlp")(
-        layers.RMSNorm(self.cfg, axis_name="embed", name="mlp_norm")(x))
-    return nn.with_logical_constraint(x, ACTIVATION), new_cache
+        layers.RMSNorm(self.cfg, axis_name="embed", name="mlp_norm")(x, groups), groups)
+    return layers.constrain(x, ACTIVATION), new_cache
 
 
 class ScannedBlock(nn.Module):
@@ -56,8 +60,8 @@ class ScannedBlock(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x, cache, positions, mask, cache_index):
-    return Block(self.cfg, name="block")(x, positions, mask, cache, cache_index)
+  def __call__(self, x, cache, positions, mask, cache_index, groups):
+    return Block(self.cfg, name="block")(x, positions, mask, cache, cache_index, groups)
 
 
 def _remat(cls, cfg: ModelConfig, static_argnums=()):
@@ -69,25 +73,36 @@ def _remat(cls, cfg: ModelConfig, static_argnums=()):
 
 
 class Backbone(nn.Module):
-  """N blocks, scanned (`cfg.scan_layers`) and rematerialised (`cfg.remat_policy`)."""
+  """N blocks, scanned (`cfg.scan_layers`) and rematerialised (`cfg.remat_policy`).
+
+  With `groups` the residual stream enters the grouped buffer once, before the first
+  block, and leaves it after the last.
+  """
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x, positions, mask, cache=None, cache_index=None):
+  def __call__(self, x, positions, mask, cache=None, cache_index=None, groups=None):
     cfg = self.cfg
+    if groups is not None:
+      x = groups.dispatch(x)
     if cfg.scan_layers:
       stack = nn.scan(_remat(ScannedBlock, cfg), variable_axes={"params": 0},
                       split_rngs={"params": True},
-                      in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
+                      in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
                       length=cfg.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
-      return stack(cfg, name="layers")(x, cache, positions, mask, cache_index)
-    new_caches = []
-    block_cls = _remat(Block, cfg)
-    for i in range(cfg.num_layers):
-      layer_cache = None if cache is None else jax.tree.map(lambda c: c[i], cache)
-      x, c = block_cls(cfg, name=f"layers_{i}")(x, positions, mask, layer_cache, cache_index)
-      new_caches.append(c)
-    new_cache = None if cache is None else jax.tree.map(lambda *c: jnp.stack(c), *new_caches)
+      x, new_cache = stack(cfg, name="layers")(x, cache, positions, mask, cache_index, groups)
+    else:
+      new_caches = []
+      block_cls = _remat(Block, cfg)
+      for i in range(cfg.num_layers):
+        layer_cache = None if cache is None else jax.tree.map(lambda c: c[i], cache)
+        x, c = block_cls(cfg, name=f"layers_{i}")(x, positions, mask, layer_cache,
+                                                  cache_index, groups)
+        new_caches.append(c)
+      new_cache = (None if cache is None
+                   else jax.tree.map(lambda *c: jnp.stack(c), *new_caches))
+    if groups is not None:
+      x = groups.combine(x)
     return x, new_cache
 
 
@@ -180,7 +195,8 @@ class MoT(nn.Module):
     x = self.embed(inputs, t_emb)
     key_ids = inputs.mask_ids if cache is None else cache_ids
     mask = masks.attention_mask(inputs.mask_ids, key_ids)
-    h, new_cache = self.backbone(x, inputs.positions, mask, cache, cache_index)
+    groups = experts.group_tokens(self.cfg, inputs.modality, inputs.mask_ids.noised)
+    h, new_cache = self.backbone(x, inputs.positions, mask, cache, cache_index, groups)
     return h, t_emb, new_cache
 
   def logits(self, inputs: ModelInputs, cache=None, cache_index=None, cache_ids=None):

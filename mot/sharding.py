@@ -115,7 +115,7 @@ def logical_shardings(boxed_tree, mesh, rules, warn: bool = True):
   rngs) are replicated. The optimizer state must come from `tx.init` on the *boxed*
   parameters, so Adam's mu and nu carry the parameters' names and are sharded like them.
   """
-  warnings = []
+  warnings = {}  # one line per parameter, not again for its EMA and Adam copies
 
   def leaf_sharding(path, leaf):
     if not isinstance(leaf, nn.Partitioned):
@@ -125,15 +125,16 @@ def logical_shardings(boxed_tree, mesh, rules, warn: bool = True):
       spec, dropped = mesh_spec(tuple(leaf.names), shape, mesh, rules)
     else:  # nn.Partitioned names mesh axes directly
       spec, dropped = P(*leaf.names), []
-    warnings.extend(f"{jax.tree_util.keystr(path)}: {d}" for d in dropped)
+    name = "/".join(str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey))
+    warnings.update({f"{name}: {d}": None for d in dropped})
     return NamedSharding(mesh, spec)
 
   out = jax.tree_util.tree_map_with_path(
       leaf_sharding, boxed_tree, is_leaf=lambda x: isinstance(x, nn.Partitioned))
   if warn and warnings:
-    logging.warning("Mesh %s does not divide %d sharded dimension(s); they are replicated "
-                    "instead, e.g. %s", dict(mesh.shape), len(warnings),
-                    "; ".join(warnings[:4]))
+    logging.warning("Mesh %s does not divide %d parameter dimension(s); they are "
+                    "replicated instead: %s", dict(mesh.shape), len(warnings),
+                    "; ".join(list(warnings)[:6]))
   return out
 
 

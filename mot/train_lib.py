@@ -25,7 +25,7 @@ from absl import logging
 
 from mot import checkpoint as ckpt_lib
 from mot import config as config_lib
-from mot import diffusion, plot, sharding, summary
+from mot import diffusion, experts, plot, sharding, summary
 from mot.data import packing, pipeline
 from mot.model import MoT, inputs_from_batch
 
@@ -57,11 +57,32 @@ def learning_rate_schedule(config) -> optax.Schedule:
 
 
 def make_optimizer(config) -> optax.GradientTransformation:
-  decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
-  return optax.chain(
+  """Clipped AdamW; weight decay on matrices only (kernels, embeddings), judged per layer
+  and per expert so that the stacked layer and expert axes change nothing.
+
+  With `config.freeze_understanding` the understanding expert (`experts.understanding_mask`)
+  gets no update: its gradients are zeroed before clipping (they neither count in the norm
+  nor enter Adam's moments) and its updates after AdamW (no weight decay either).
+  """
+  model_cfg = config_lib.ModelConfig.from_config(config.model)
+
+  def decay_mask(params):
+    def is_matrix(path, p):
+      names = [getattr(k, "key", None) for k in path]
+      stacked = 0
+      if "backbone" in names:
+        stacked = int(model_cfg.scan_layers) + int(model_cfg.experts != "shared")
+      return p.ndim - stacked >= 2
+    return jax.tree_util.tree_map_with_path(is_matrix, params)
+
+  tx = optax.chain(
       optax.clip_by_global_norm(config.grad_clip_norm),
       optax.adamw(learning_rate_schedule(config), b1=config.adam_b1, b2=config.adam_b2,
                   weight_decay=config.weight_decay, mask=decay_mask))
+  if not config.get("freeze_understanding", False):
+    return tx
+  freeze = experts.freeze_understanding(model_cfg)
+  return optax.chain(freeze, tx, freeze)
 
 
 def dummy_batch(model_cfg, seq_len: int, batch: int = 1) -> dict[str, np.ndarray]:
@@ -475,7 +496,29 @@ def evaluate_heldout(config, state, p_eval_step, rng, mesh, log, step) -> dict:
                          rng) for b in batches]
   summary = _mean_metrics(results)
   record = {"step": step, "eval_ar_loss": summary["ar_loss"], "eval_dm_loss": summary["dm_loss"]}
-  log.write(record)
   logging.info("step %d held-out: ar_loss %.4f dm_loss %.4f", step, summary["ar_loss"],
                summary["dm_loss"])
+  record.update(evaluate_protocol(config, state, log, step))
+  log.write(record)
   return record
+
+
+def evaluate_protocol(config, state, log, step) -> dict:
+  """Reasoning / generation accuracy and Fréchet distance (mot.evaluate) of the EMA
+  parameters; DIR/eval.json and a sample grid. Off when eval_samples_per_digit is 0."""
+  if not config.eval_samples_per_digit or config.data.dataset != "digits":
+    return {}
+  if jax.process_count() > 1:
+    logging.warning("Skipping the sampling evaluation in a multi-process run: run "
+                    "python -m mot.evaluate --workdir %s afterwards", os.path.dirname(log.path))
+    return {}
+  from mot import evaluate  # pylint: disable=g-import-not-at-top  (pulls in sampling)
+  from mot.pipeline import Pipeline  # pylint: disable=g-import-not-at-top
+  pipe = Pipeline(config, state.ema_params, step)
+  result = evaluate.write_results(os.path.dirname(log.path),
+                                  evaluate.evaluate_pipeline(pipe,
+                                                             config.eval_samples_per_digit))
+  log.image(step, "samples", result.pop("_grid_image"))
+  logging.info("%s", evaluate.format_result(result))
+  return {k: result[k] for k in ("reasoning_accuracy", "generation_accuracy", "frechet",
+                                 "frechet_floor")}

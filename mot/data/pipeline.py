@@ -27,6 +27,7 @@ from mot.data import packing
 from mot.data import tasks
 from mot.data import user_data
 
+EPOCHS = 10**12 // 2000  # ~5e8 epochs of the digits: more than any run consumes
 DATASETS = ("digits", "image_folder", "array_record")
 
 
@@ -53,7 +54,9 @@ def make_train_dataset(data_config: Any, seed: int, batch_size: int,
   names, probs = _task_mixture(data_config)
   pairs = _train_pairs(data_config)
   shuffle_seed, map_seed = (int(s) for s in np.random.SeedSequence(seed).generate_state(2))
-  ds = grain.MapDataset.range(len(pairs)).shuffle(seed=shuffle_seed).repeat(None)
+  # A finite but practically endless repeat: grain's `repeat(None)` length (sys.maxsize)
+  # overflows `batch(1)`, i.e. examples_per_row = 1.
+  ds = grain.MapDataset.range(len(pairs)).shuffle(seed=shuffle_seed).repeat(EPOCHS)
   ds = ds.random_map(
       _MakeExample(pairs, _build_fn(data_config), names, probs, options,
                    int(data_config.shift_pixels)),

@@ -1,0 +1,30 @@
+"""Benchmarks: figures, not tests (`python -m bench.NAME`; each prints one JSON line last)."""
+from __future__ import annotations
+
+
+def load_pipeline(workdir: str | None, variant: str = "", seed: int = 0):
+  """The checkpoint's Pipeline, or one of configs/digits.py:variant with random weights
+  (drawn from numpy: compiling `init` costs more than the benchmark on a CPU)."""
+  import flax.linen as nn
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from mot.pipeline import Pipeline
+  if workdir:
+    return Pipeline.from_workdir(workdir)
+  from configs import digits
+  from mot import train_lib
+  from mot.model import inputs_from_batch
+  shell = Pipeline(digits.get_config(variant), None)
+  batch = jax.tree.map(jnp.asarray, train_lib.dummy_batch(shell.model_cfg, 8))
+  shapes = nn.meta.unbox(jax.eval_shape(shell.model.init, jax.random.PRNGKey(0),
+                                        inputs_from_batch(batch)))["params"]
+  rng = np.random.default_rng(seed)
+
+  def fill(path, leaf):
+    if "scale" in jax.tree_util.keystr(path):
+      return jnp.ones(leaf.shape, leaf.dtype)
+    fan_in = leaf.shape[-2] if leaf.ndim >= 2 else leaf.shape[-1]
+    return jnp.asarray(rng.standard_normal(leaf.shape) / np.sqrt(fan_in), leaf.dtype)
+
+  return Pipeline(shell.config, jax.tree_util.tree_map_with_path(fill, shapes))

@@ -1,0 +1,324 @@
+"""Mixture-of-Transformers routing at dense cost (DESIGN §3).
+
+`config.model.experts` picks how the blocks' weights are tied across tokens:
+  shared    one set of weights for every token (no routing at all);
+  mode      expert 0 = understanding (text and clean media), 1 = generation (noised media:
+            `mask_ids.noised`), as BAGEL and Cosmos-3's AR + DM transformers;
+  modality  expert = the token's modality id (0 text, 1 image, ...), as Meta's MoT.
+Each expert owns its QKV/O projections, QK-norms, both pre-norms and MLP; attention stays
+global over the whole sequence. Routing is a pure function of `modality` and
+`mask_ids.noised`, so a KV-cached decode routes every new token as the full forward does
+and the cache holds each token's own expert's keys and values.
+
+Grouping (`group_tokens`, once per forward, shared by every layer): the B*L tokens are
+laid out expert by expert in a buffer of R rows. A token's row is its expert's start plus
+its rank among that expert's tokens (a cumulative sum: a stable sort by expert without a
+sort). The residual stream lives in that buffer through the whole stack; only attention
+(RoPE, mask, KV cache) returns to the [B, L] layout. Moving rows in and out is a gather
+whose transpose is the opposite gather (`_move_rows`), so no scatter appears in training.
+
+Two ways to multiply the buffer by each group's weights (`grouped_matmul`):
+  ragged  `jax.lax.ragged_dot` with the group sizes (R = N). On TPU this is one native
+          grouped matmul; on CPU (and GPU without cuDNN's ragged-dot fusion) XLA expands it
+          into one dense matmul per expert: E times the FLOPs.
+  tiled   every expert's group starts on a tile boundary (tiles of T rows), so every tile
+          belongs to one expert; one batched matmul over the K tiles with each tile's
+          weights. K = ceil(N / T) + E - 1 covers any split, so at most (E - 1) * T padding
+          rows are computed (6 % for mode at N = 4096, T = 256), plus K copies of weights.
+`expert_impl="auto"` takes ragged on TPU and tiled elsewhere.
+
+  groups = experts.group_tokens(cfg, inputs.modality, inputs.mask_ids.noised)  # or None
+  buf = groups.dispatch(x)                   # [B, L, d] -> [R, d]
+  y = experts.grouped_matmul(buf, kernel, groups)   # kernel [E, d, out]
+  x = groups.combine(y)                      # [R, out] -> [B, L, out]
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from mot.config import ModelConfig
+
+Array = jax.Array
+
+UNDERSTANDING, GENERATION = 0, 1   # expert ids of "mode"
+
+
+def num_experts(cfg: ModelConfig) -> int:
+  return {"shared": 1, "mode": 2, "modality": cfg.num_modalities}[cfg.experts]
+
+
+def expert_ids(cfg: ModelConfig, modality: Array, noised: Array) -> Array:
+  """int32 [B, L]: the expert of every token (all 0 for "shared")."""
+  if cfg.experts == "mode":
+    return noised.astype(jnp.int32) * GENERATION
+  if cfg.experts == "modality":
+    return jnp.clip(modality, 0, num_experts(cfg) - 1).astype(jnp.int32)
+  return jnp.zeros(modality.shape, jnp.int32)
+
+
+def resolve_impl(impl: str) -> str:
+  if impl == "auto":
+    return "ragged" if jax.default_backend() == "tpu" else "tiled"
+  return impl
+
+
+# ----------------------------------------------------------------------------------------
+# Moving rows between the token layout and the grouped buffer.
+# ----------------------------------------------------------------------------------------
+def _take_rows(x: Array, index: Array, mask: Array | None) -> Array:
+  out = jnp.take(x, index, axis=0, mode="clip", unique_indices=mask is None)
+  if mask is not None:
+    out = jnp.where(mask.reshape(mask.shape + (1,) * (x.ndim - 1)), out, 0)
+  return out
+
+
+@jax.custom_vjp
+def _move_rows(x, index, inverse, mask, inverse_mask):
+  """x[index] (zero where ~mask); `inverse` maps the rows back, so the transpose is the
+  gather ct[inverse] (zero where ~inverse_mask) rather than a scatter-add."""
+  del inverse, inverse_mask
+  return _take_rows(x, index, mask)
+
+
+def _move_rows_fwd(x, index, inverse, mask, inverse_mask):
+  return _take_rows(x, index, mask), (index, inverse, mask, inverse_mask)
+
+
+def _move_rows_bwd(res, ct):
+  index, inverse, mask, inverse_mask = res
+  return _take_rows(ct, inverse, inverse_mask), None, None, None, None
+
+
+_move_rows.defvjp(_move_rows_fwd, _move_rows_bwd)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Groups:
+  """Tokens grouped by expert: one static-shape plan for every layer of a forward pass.
+
+  Token n (of the N = B*L tokens, row-major) sits in buffer row dest[n]; buffer row r
+  holds token src[r] where valid[r] (padding rows hold zeros). The buffer is K tiles of
+  R // K rows, tile k belonging to expert tile_expert[k] (ragged: K = R, one row a tile).
+  """
+  dest: Array           # int32 [N]
+  src: Array            # int32 [R]
+  valid: Array          # bool [R]
+  tile_expert: Array    # int32 [K]
+  group_sizes: Array    # int32 [E] tokens per expert
+  token_shape: tuple[int, ...] = dataclasses.field(metadata={"static": True})  # (B, L)
+  impl: str = dataclasses.field(metadata={"static": True})    # "tiled" | "ragged"
+
+  @property
+  def num_experts(self) -> int:
+    return self.group_sizes.shape[0]
+
+  @property
+  def tile(self) -> int:
+    return self.src.shape[0] // self.tile_expert.shape[0]
+
+  def dispatch(self, x: Array) -> Array:
+    """[B, L, ...] -> buffer [R, ...]."""
+    flat = x.reshape((-1,) + x.shape[2:])
+    return _move_rows(flat, self.src, self.dest, self.valid, None)
+
+  def combine(self, y: Array) -> Array:
+    """Buffer [R, ...] -> [B, L, ...]."""
+    out = _move_rows(y, self.dest, self.src, None, self.valid)
+    return out.reshape(self.token_shape + y.shape[1:])
+
+  def tiles(self, x: Array) -> Array:
+    return x.reshape((self.tile_expert.shape[0], self.tile) + x.shape[1:])
+
+  def untile(self, x: Array) -> Array:
+    return x.reshape((-1,) + x.shape[2:])
+
+
+def tile_rows(num_tokens: int, num_experts: int, tile: int) -> int:
+  """Rows per tile: `tile`, smaller when there are few tokens (decoding)."""
+  per_expert = -(-num_tokens // num_experts)
+  return max(1, min(tile, -(-per_expert // 8) * 8))
+
+
+def group_by_expert(expert: Array, num_experts: int, impl: str = "tiled", tile: int = 256
+                    ) -> Groups:
+  """The grouping plan of the tokens whose experts are `expert` int32 [B, L]."""
+  e = expert.reshape(-1).astype(jnp.int32)
+  n = e.shape[0]
+  onehot = jax.nn.one_hot(e, num_experts, dtype=jnp.int32)                    # [N, E]
+  counts = jnp.sum(onehot, axis=0)                                             # [E]
+  # Rank among the tokens of the same expert, in token order: a stable sort by expert.
+  rank = jnp.sum(jnp.cumsum(onehot, axis=0) * onehot, axis=1) - 1             # [N]
+  if impl == "ragged":
+    rows, t = n, 1
+    starts = jnp.cumsum(counts) - counts
+  elif impl == "tiled":
+    t = tile_rows(n, num_experts, tile)
+    rows = (-(-n // t) + num_experts - 1) * t
+    tiles = -(-counts // t)
+    tile_end = jnp.cumsum(tiles)
+    starts = (tile_end - tiles) * t
+  else:
+    raise ValueError(f"unknown expert_impl {impl!r}: use 'auto', 'tiled' or 'ragged'")
+  dest = starts[e] + rank
+  src = jnp.zeros((rows,), jnp.int32).at[dest].set(jnp.arange(n, dtype=jnp.int32),
+                                                   unique_indices=True)
+  valid = jnp.zeros((rows,), bool).at[dest].set(True, unique_indices=True)
+  if impl == "ragged":
+    tile_expert = e[src]
+  else:
+    k = rows // t
+    tile_expert = jnp.minimum(
+        jnp.sum(jnp.arange(k, dtype=jnp.int32)[:, None] >= tile_end[None, :], axis=1),
+        num_experts - 1).astype(jnp.int32)
+  return Groups(dest=dest, src=src, valid=valid, tile_expert=tile_expert,
+                group_sizes=counts, token_shape=tuple(expert.shape), impl=impl)
+
+
+def group_tokens(cfg: ModelConfig, modality: Array, noised: Array) -> Groups | None:
+  """The plan for `cfg.experts` (None for "shared": the dense path, unchanged)."""
+  if cfg.experts == "shared":
+    return None
+  return group_by_expert(expert_ids(cfg, modality, noised), num_experts(cfg),
+                         resolve_impl(cfg.expert_impl), cfg.expert_tile)
+
+
+# ----------------------------------------------------------------------------------------
+# Per-expert computation on the buffer.
+# ----------------------------------------------------------------------------------------
+def grouped_matmul(x: Array, kernel: Array, groups: Groups, in_dims: int = 1) -> Array:
+  """Buffer x [R, *in] times its rows' experts' kernel [E, *in, *out] -> [R, *out]."""
+  in_shape = x.shape[1:]
+  assert len(in_shape) == in_dims and kernel.shape[1:1 + in_dims] == in_shape, (
+      x.shape, kernel.shape, in_dims)
+  out_shape = kernel.shape[1 + in_dims:]
+  # Matrices [*, in] x [in, out] (free reshapes): XLA:CPU runs these ~1.4x faster than
+  # the same contraction with several in/out dims.
+  rows = x.shape[0]
+  x = x.reshape(rows, -1)
+  kernel = kernel.reshape(kernel.shape[0], math.prod(in_shape), -1)
+  if groups.impl == "ragged":
+    y = jax.lax.ragged_dot(x, kernel, groups.group_sizes)
+  else:
+    y = _tiled_matmul(groups.tiles(x), kernel, groups.tile_expert)
+  return y.reshape((rows,) + out_shape)
+
+
+def _tile_kernels(kernel: Array, tile_expert: Array) -> Array:
+  return jnp.take(kernel, tile_expert, axis=0, mode="clip")         # [K, in, out]
+
+
+@jax.custom_vjp
+def _tiled_matmul(x: Array, kernel: Array, tile_expert: Array) -> Array:
+  """x [K, T, in] times each tile's expert's kernel [E, in, out] -> [K, T, out]."""
+  return jnp.einsum("kti,kio->kto", x, _tile_kernels(kernel, tile_expert))
+
+
+def _tiled_matmul_fwd(x, kernel, tile_expert):
+  # Saves the kernel, not its K tile copies: under nn.scan those would be stacked for
+  # every layer (K x the layer's weights of memory) and copied twice.
+  return _tiled_matmul(x, kernel, tile_expert), (x, kernel, tile_expert)
+
+
+def _tiled_matmul_bwd(res, ct):
+  x, kernel, tile_expert = res
+  w = _tile_kernels(kernel, tile_expert)
+  dx = jnp.einsum("kto,kio->kti", ct, w)
+  dw = jnp.einsum("kti,kto->kio", x, ct)
+  # Sum the tiles' kernel gradients per expert: a tiny one-hot matmul (K x E), exact.
+  onehot = jax.nn.one_hot(tile_expert, kernel.shape[0], dtype=dw.dtype)
+  dkernel = jnp.einsum("ke,kio->eio", onehot, dw, precision=jax.lax.Precision.HIGHEST)
+  return dx, dkernel.astype(kernel.dtype), None
+
+
+_tiled_matmul.defvjp(_tiled_matmul_fwd, _tiled_matmul_bwd)
+
+
+def expert_scale(x: Array, scale: Array, groups: Groups) -> Array:
+  """x [R, ..., f] times its rows' experts' scale [E, f]."""
+  rows = jnp.take(scale, groups.tile_expert, axis=0)                 # [K, f]
+  rows = rows.reshape((rows.shape[0], 1) + (1,) * (x.ndim - 2) + rows.shape[1:])
+  return groups.untile(groups.tiles(x) * rows)
+
+
+def expert_init(init: Callable, cfg: ModelConfig) -> Callable:
+  """Initialiser of a stacked [E, ...] expert weight from a per-expert `init`.
+
+  With `cfg.init_generation_from_understanding` every expert starts as a copy of expert 0
+  (BAGEL: the generation expert begins as the understanding expert).
+  """
+  def stacked(key, shape, dtype=jnp.float32):
+    if cfg.init_generation_from_understanding:
+      return jnp.broadcast_to(init(key, shape[1:], dtype), shape)
+    return init(key, shape, dtype)
+  return stacked
+
+
+# ----------------------------------------------------------------------------------------
+# Parameter trees.
+# ----------------------------------------------------------------------------------------
+def expert_axis(path: tuple, cfg: ModelConfig) -> int | None:
+  """Where the expert axis of the parameter at `path` is (None: not an expert weight)."""
+  names = [getattr(k, "key", getattr(k, "name", k)) for k in path]
+  if cfg.experts == "shared" or "backbone" not in names:
+    return None
+  return 1 if cfg.scan_layers else 0
+
+
+def expand_shared(params: Any, cfg: ModelConfig) -> Any:
+  """The expert tree whose every expert equals a "shared" tree's block: e.g. to start a
+  "mode" run from a trained shared model (BAGEL starts both experts from one LLM)."""
+  e = num_experts(cfg)
+
+  def expand(path, leaf):
+    axis = expert_axis(path, cfg)
+    if axis is None:
+      return leaf
+    return jnp.repeat(jnp.expand_dims(leaf, axis), e, axis=axis)
+
+  return jax.tree_util.tree_map_with_path(expand, params)
+
+
+def understanding_mask(params: Any, cfg: ModelConfig) -> Any:
+  """A tree of float masks broadcastable against `params`: 0 on what "freeze the
+  understanding expert" holds fixed, 1 elsewhere.
+
+  Frozen: expert 0's slice of every block weight (QKV/O, QK-norms, pre-norms, MLP of every
+  layer), the token embedding and the AR head — the weights only the understanding path
+  uses. Trained: the generation expert, the patch projection, the timestep embedding and
+  the DM head.
+  """
+  def mask(path, leaf):
+    names = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+    shape = getattr(leaf, "shape", ())
+    if "ar_head" in names or "token_embedding" in names:
+      return jnp.zeros((1,) * len(shape), jnp.float32)
+    axis = expert_axis(path, cfg)
+    if axis is None:
+      return jnp.ones((1,) * len(shape), jnp.float32)
+    m = jnp.ones((shape[axis],), jnp.float32).at[UNDERSTANDING].set(0.0)
+    return m.reshape((1,) * axis + (shape[axis],) + (1,) * (len(shape) - axis - 1))
+
+  return jax.tree_util.tree_map_with_path(mask, params)
+
+
+def freeze_understanding(cfg: ModelConfig) -> "optax.GradientTransformation":  # noqa: F821
+  """optax transformation zeroing the updates of the understanding expert (see
+  `understanding_mask`); stateless, the mask is rebuilt from shapes inside the step."""
+  import optax  # local: keeps this module free of optimizer imports
+
+  def init(params):
+    del params
+    return optax.EmptyState()
+
+  def update(updates, state, params=None):
+    del params
+    masks = understanding_mask(updates, cfg)
+    return jax.tree.map(lambda u, m: u * m.astype(u.dtype), updates, masks), state
+
+  return optax.GradientTransformation(init, update)

@@ -1,0 +1,585 @@
+"""`Pipeline`: one checkpoint, both heads. Reason about images, generate them, or both.
+
+  pipe = mot.Pipeline.from_workdir("runs/digits")            # newest checkpoint, EMA weights
+  pipe.reason("What digit is this?", images=heldout)          # -> ["7", "2", ...]
+  pipe.generate("a handwritten digit 7", num_samples=4)       # -> float32 [4, 8, 8] in [0, 1]
+  pipe.think_then_draw("draw the digit after 3:")            # -> ("4", [1, 8, 8] image)
+
+Prompts use the training layouts of `mot.data.tasks` (BOS, clean image, question for
+reading; BOS, caption as conditioning, noised image for drawing), built by the same
+`SequenceBuilder`. Images come in as arrays (digits scale [0, 16] or [0, 1]), paths or
+PIL images of any size and colour mode, and go out in [0, 1] (1 = most ink). All heavy
+work is batched and jitted in `mot.sampling`; `run_sample` is the whole of sample.py.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from mot import tokenizer as tokenizer_lib
+from mot.data import digits
+from mot.data.builder import SequenceBuilder
+
+DEFAULT_QUESTION = "What digit is this?"   # = mot.data.tasks.QUESTION (not imported: cheap)
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp",
+                    ".pgm", ".ppm", ".pbm")
+IMAGE_SIZES = {"digits": 8}               # config.data.dataset -> model image side
+MAX_DECODE_BATCH = 256                    # rows per jitted decode call
+MAX_SAMPLE_BATCH = 128                    # samples per jitted denoise call (x2 with CFG)
+_TOKENIZER = tokenizer_lib.Tokenizer()
+
+
+class InputError(ValueError):
+  """A bad prompt, image, option or output path; the message is one line naming it."""
+
+
+# ----------------------------------------------------------------------------------------
+# Images in and out.
+# ----------------------------------------------------------------------------------------
+def image_paths(items: Sequence[str]) -> list[str]:
+  """Files as given, folders expanded to their image files (sorted, not recursive)."""
+  out = []
+  for item in items:
+    if not os.path.exists(item):
+      raise InputError(f"image {item} does not exist")
+    if os.path.isdir(item):
+      found = sorted(os.path.join(item, f) for f in os.listdir(item)
+                     if f.lower().endswith(IMAGE_EXTENSIONS)
+                     and os.path.isfile(os.path.join(item, f)))
+      if not found:
+        raise InputError(f"folder {item} holds no image files ({', '.join(IMAGE_EXTENSIONS)})")
+      out.extend(found)
+    else:
+      out.append(item)
+  return out
+
+
+def load_image(source: Any, size: int | None) -> np.ndarray:
+  """float32 [size, size] in [0, 1] (1 = ink) from a path or PIL image.
+
+  Any mode is made grayscale (transparency composited onto white), any size resampled
+  (area-averaged when shrinking; `size=None` keeps the file's size). Dark ink on a light background (a bright border, as on
+  paper) is inverted, so ink is always the bright value, as in the digits data.
+  """
+  from PIL import Image, UnidentifiedImageError  # pylint: disable=g-import-not-at-top
+  if isinstance(source, Image.Image):
+    img, name = source, "PIL image"
+  else:
+    name = os.fspath(source)
+    if not os.path.isfile(name):
+      raise InputError(f"image {name} does not exist or is not a file")
+    try:
+      with Image.open(name) as opened:
+        opened.load()
+        img = opened.copy()
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
+      raise InputError(f"{name} is not an image Pillow can read ({type(e).__name__})"
+                       ) from None
+  if img.width < 1 or img.height < 1:
+    raise InputError(f"{name} is an empty image")
+  if img.mode in ("I", "F") or img.mode.startswith("I;16"):
+    arr = np.asarray(img, np.float32)
+    top = arr.max(initial=0.0)
+    arr = arr / (1.0 if top <= 1.0 else 255.0 if top <= 255.0 else 65535.0)
+  else:
+    if "A" in img.getbands() or "transparency" in img.info:
+      rgba = img.convert("RGBA")
+      white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+      img = Image.alpha_composite(white, rgba)
+    arr = np.asarray(img.convert("L"), np.float32) / 255.0
+  if not np.all(np.isfinite(arr)):
+    raise InputError(f"{name} has non-finite pixel values")
+  arr = np.clip(arr, 0.0, 1.0)
+  border = np.concatenate([arr[0], arr[-1], arr[:, 0], arr[:, -1]])
+  if np.median(border) > 0.5:
+    arr = 1.0 - arr
+  return arr.astype(np.float32) if size is None else _resize(arr, size)
+
+
+def _resize(arr: np.ndarray, size: int) -> np.ndarray:
+  if arr.shape == (size, size):
+    return arr.astype(np.float32)
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  shrink = arr.shape[0] >= size and arr.shape[1] >= size
+  method = Image.Resampling.BOX if shrink else Image.Resampling.BILINEAR
+  out = Image.fromarray(arr.astype(np.float32), mode="F").resize((size, size), method)
+  return np.clip(np.asarray(out, np.float32), 0.0, 1.0)
+
+
+def to_unit_images(images: Any, size: int) -> tuple[np.ndarray, bool]:
+  """(float32 [N, size, size] in [0, 1], whether a single image was given).
+
+  Arrays: [H, W] or [N, H, W]; uint8 is read as 0..255, floats with a maximum above 1
+  as the digits scale 0..16, other floats as 0..1. Paths and PIL images go through
+  `load_image`; a list may mix them.
+  """
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  if isinstance(images, (str, os.PathLike, Image.Image)):
+    return load_image(images, size)[None], True
+  if isinstance(images, (list, tuple)):
+    if not images:
+      raise InputError("images is an empty list")
+    out = [to_unit_images(x, size)[0] for x in images]
+    return np.concatenate(out), False
+  arr = np.asarray(images)
+  if arr.ndim not in (2, 3) or arr.size == 0:
+    raise InputError(f"images must be an array [H, W] or [N, H, W], got shape {arr.shape}")
+  single = arr.ndim == 2
+  arr = arr[None] if single else arr
+  if arr.dtype == np.uint8:
+    arr = arr.astype(np.float32) / 255.0
+  else:
+    arr = arr.astype(np.float32)
+    if not np.all(np.isfinite(arr)):
+      raise InputError("images hold non-finite values")
+    if arr.min() < 0:
+      raise InputError(f"images must be in [0, 16] (digits) or [0, 1], got a minimum of "
+                       f"{arr.min():g}")
+    if arr.max() > digits.MAX_PIXEL:
+      raise InputError(f"images must be in [0, 16] (digits) or [0, 1], got a maximum of "
+                       f"{arr.max():g}")
+    if arr.max() > 1.0:
+      arr = arr / digits.MAX_PIXEL
+  return np.stack([_resize(x, size) for x in arr]), single
+
+
+def to_model_scale(unit: np.ndarray) -> np.ndarray:
+  """[0, 1] pixels -> the model's [-1, 1] scale (digits' 0..16 scaled as in training)."""
+  return (np.asarray(unit, np.float32) * 2.0 - 1.0).astype(np.float32)
+
+
+def save_png(path: str, image01: np.ndarray, scale: int = 1) -> None:
+  """Writes float [H, W] in [0, 1] as 8-bit grayscale (ink bright), upscaled by `scale`."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  pixels = np.round(np.clip(image01, 0, 1) * 255).astype(np.uint8)
+  img = Image.fromarray(pixels, mode="L")
+  if scale > 1:
+    img = img.resize((img.width * scale, img.height * scale), Image.Resampling.NEAREST)
+  img.save(path)
+
+
+def grid(images: np.ndarray, rows: int, gap: int = 1, scale: int = 8) -> np.ndarray:
+  """float [rows * cols, H, W] -> one [R, C] mosaic image, cells upscaled by `scale`."""
+  n, h, w = images.shape
+  cols = math.ceil(n / rows)
+  images = np.repeat(np.repeat(images, scale, axis=1), scale, axis=2)
+  h, w = h * scale, w * scale
+  out = np.full((rows * (h + gap) + gap, cols * (w + gap) + gap), 0.35, np.float32)
+  for k in range(n):
+    r, c = divmod(k, cols)
+    out[gap + r * (h + gap):gap + r * (h + gap) + h,
+        gap + c * (w + gap):gap + c * (w + gap) + w] = images[k]
+  return out
+
+
+# ----------------------------------------------------------------------------------------
+# The pipeline.
+# ----------------------------------------------------------------------------------------
+def complete_config(saved: dict) -> Any:
+  """ConfigDict of a checkpoint's saved config, with fields added to configs/digits.py
+  since it was saved filled in from that file's defaults (for its saved variant)."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  try:
+    from configs import digits as default_config  # pylint: disable=g-import-not-at-top
+    base = default_config.get_config(saved.get("variant") or "").to_dict()
+  except Exception:  # pylint: disable=broad-except  (not run from the repo: saved as is)
+    base = {}
+
+  def merge(defaults, values):
+    out = dict(defaults)
+    for k, v in values.items():
+      out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+  return ml_collections.ConfigDict(merge(base, saved))
+
+
+def _as_list(prompt: str | Sequence[str]) -> tuple[list[str], bool]:
+  single = isinstance(prompt, str)
+  prompts = [prompt] if single else list(prompt)
+  if not prompts:
+    raise InputError("no prompt given")
+  for p in prompts:
+    if not isinstance(p, str):
+      raise InputError(f"a prompt must be a string, got {type(p).__name__}")
+    if not p.strip():
+      raise InputError("empty prompt: give some text")
+  return prompts, single
+
+
+def _check_seed(seed) -> int:
+  if not (isinstance(seed, (int, np.integer)) and 0 <= seed < 2**32):
+    raise InputError(f"seed={seed!r} must be an integer in [0, 2**32)")
+  return int(seed)
+
+
+def _chunks(n: int, max_batch: int) -> list[tuple[int, int, int]]:
+  """(start, stop, padded batch) of near-equal chunks, padded to a multiple of 8."""
+  from mot.sampling import round_up  # pylint: disable=g-import-not-at-top
+  count = max(1, math.ceil(n / max_batch))
+  per = math.ceil(n / count)
+  return [(s, min(s + per, n), round_up(per, 8)) for s in range(0, n, per)]
+
+
+class Pipeline:
+  """A model, its parameters and its config: reasoning and generation from one checkpoint.
+
+  Build it with `Pipeline.from_workdir(workdir)` or, for parameters already in memory
+  (e.g. during training), `Pipeline(config, params)`.
+  """
+
+  def __init__(self, config: Any, params: Any, step: int | None = None):
+    import ml_collections  # pylint: disable=g-import-not-at-top
+    from mot import config as config_lib  # pylint: disable=g-import-not-at-top
+    from mot.model import MoT  # pylint: disable=g-import-not-at-top
+    if not isinstance(config, ml_collections.ConfigDict):
+      config = ml_collections.ConfigDict(config)
+    self.config = config
+    # Validation may warn about packing training rows; sampling packs nothing.
+    logging.disable(logging.WARNING)
+    try:
+      self.model_cfg = config_lib.validate(config)
+    finally:
+      logging.disable(logging.NOTSET)
+    self.model = MoT(self.model_cfg)
+    self.params = params
+    self.step = step
+    self.patch_size = int(config.data.patch_size)
+    self.image_size = int(config.data.get("image_size", IMAGE_SIZES.get(config.data.dataset, 8)))
+    self.context_length = int(config.data.seq_len)
+    sample = config.get("sample") or {}
+    self.default_steps = int(sample.get("steps", 32))
+    self.default_sampler = str(sample.get("sampler", "euler"))
+    self.default_cfg_scale = float(sample.get("cfg_scale", 1.0))
+    self.time_shift = float(sample.get("shift", 1.0))
+
+  @classmethod
+  def from_workdir(cls, workdir: str, use_ema: bool = True, step: int | None = None
+                   ) -> "Pipeline":
+    """Loads the newest (or `step`'s) checkpoint of a training workdir once.
+
+    The config comes from the JSON saved beside the checkpoint and is validated again;
+    only the parameters (EMA when present and `use_ema`) are read. Raises
+    `mot.checkpoint.CheckpointError` (one line) for a missing workdir, no checkpoint, or
+    no readable checkpoint.
+    """
+    from mot import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+    from mot import config as config_lib  # pylint: disable=g-import-not-at-top
+    params, saved, restored_step = ckpt_lib.restore_params(workdir, step, use_ema)
+    try:
+      return cls(complete_config(saved), params, restored_step)
+    except config_lib.ConfigError as e:
+      raise ckpt_lib.CheckpointError(
+          f"the config saved with checkpoint {restored_step} in {workdir} is not valid: {e}"
+      ) from None
+
+  # -------------------------------------------------------------------------- prompts ---
+  def _encode(self, text: str) -> list[int]:
+    return _TOKENIZER.encode(text)
+
+  def _check_length(self, n: int, extra: int, what: str) -> None:
+    if n + extra > self.context_length:
+      raise InputError(
+          f"{what} needs {n + extra} tokens but the model's context is "
+          f"{self.context_length} (config.data.seq_len): shorten the prompt")
+
+  def reasoning_prompt(self, text: str, image: np.ndarray | None = None,
+                       video: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """BOS, [clean image], [clean video], text: the reading layout up to its answer."""
+    b = SequenceBuilder(self.model_cfg.patch_dim)
+    b.add_text([tokenizer_lib.BOS])
+    if image is not None:
+      b.add_image(digits.patchify(to_model_scale(image), self.patch_size), noised=False)
+    if video is not None:
+      b.add_video(digits.patchify(to_model_scale(video), self.patch_size), noised=False)
+    b.add_text(self._encode(text))
+    return b.build()
+
+  def generation_example(self, text: str, answer_ids: Sequence[int] = ()
+                         ) -> dict[str, np.ndarray]:
+    """BOS, text (+ answer ids) as conditioning, a noised image block: the drawing layout."""
+    b = SequenceBuilder(self.model_cfg.patch_dim)
+    b.add_text([tokenizer_lib.BOS])
+    b.add_text(self._encode(text), cond=True)
+    if answer_ids:
+      b.add_text(list(answer_ids), cond=True)
+    side = self.image_size
+    b.add_image(digits.patchify(np.zeros((side, side), np.float32), self.patch_size),
+                noised=True)
+    return b.build()
+
+  # -------------------------------------------------------------------------- reason ----
+  def reason(self, prompt: str | Sequence[str] = DEFAULT_QUESTION, images: Any = None,
+             video: Any = None, max_new_tokens: int = 16, temperature: float = 0.0,
+             top_k: int = 0, top_p: float = 1.0, seed: int = 0) -> str | list[str]:
+    """Answers prompts with the AR head, in one batched jitted decode (chunked if large).
+
+    Args:
+      prompt: a string or a list of strings.
+      images: None; an array [H, W] / [N, H, W] (digits scale 0..16, or 0..1); a path,
+        PIL image, or a list of them. With N images and one prompt, one answer per image;
+        with N prompts, image i goes with prompt i.
+      video: None or frames [T, H, W] (same scales), one clip for every prompt.
+      max_new_tokens: most tokens per answer; decoding stops at EOS.
+      temperature: 0 is greedy; otherwise top_k (0 = off) and top_p (1 = off) filter.
+      seed: sampling seed (row i always draws from the same stream).
+    Returns:
+      The answer (str) for one prompt and at most one image, else a list of answers.
+    """
+    prompts, single = _as_list(prompt)
+    self._check_decoding(max_new_tokens, temperature, top_k, top_p)
+    seed = _check_seed(seed)
+    unit, single_image = (None, True) if images is None else to_unit_images(
+        images, self.image_size)
+    clip = None
+    if video is not None:
+      clip = np.asarray(video, np.float32)
+      if clip.ndim != 3:
+        raise InputError(f"video must be frames [T, H, W], got shape {clip.shape}")
+      clip = to_unit_images(clip, self.image_size)[0]
+    if unit is not None and len(prompts) not in (1, len(unit)):
+      raise InputError(f"{len(prompts)} prompts for {len(unit)} images: give one prompt, "
+                       "or one per image")
+    n = len(prompts) if unit is None else len(unit)
+    examples = []
+    for i in range(n):
+      text = prompts[i if len(prompts) > 1 else 0]
+      image = None if unit is None else unit[i]
+      ex = self.reasoning_prompt(text, image, clip)
+      self._check_length(len(ex["tokens"]), max_new_tokens, "prompt plus answer")
+      examples.append(ex)
+    ids = self._decode(examples, max_new_tokens, temperature, top_k, top_p, seed)
+    answers = [_TOKENIZER.decode(row).strip() for row in ids]
+    return answers[0] if single and single_image and n == 1 else answers
+
+  def _check_decoding(self, max_new_tokens, temperature, top_k, top_p) -> None:
+    if not (isinstance(max_new_tokens, (int, np.integer)) and max_new_tokens >= 1):
+      raise InputError(f"max_new_tokens={max_new_tokens!r} must be a positive integer")
+    if not (math.isfinite(temperature) and temperature >= 0):
+      raise InputError(f"temperature={temperature!r} must be a finite number >= 0")
+    if not (isinstance(top_k, (int, np.integer)) and top_k >= 0):
+      raise InputError(f"top_k={top_k!r} must be an integer >= 0 (0 = off)")
+    if not (math.isfinite(top_p) and 0 < top_p <= 1):
+      raise InputError(f"top_p={top_p!r} must be in (0, 1] (1 = off)")
+
+  def _decode(self, examples, max_new_tokens, temperature, top_k, top_p, seed
+              ) -> list[list[int]]:
+    """Answer ids (up to, without, the stop token) of each example."""
+    from mot import sampling  # pylint: disable=g-import-not-at-top
+    import jax  # pylint: disable=g-import-not-at-top
+    rng = jax.random.PRNGKey(seed)
+    length = sampling.length_bucket(max(len(ex["tokens"]) for ex in examples))
+    stop = sampling.stop_mask()
+    out = []
+    for start, stop_i, batch in _chunks(len(examples), MAX_DECODE_BATCH):
+      padded = sampling.pad_left(examples[start:stop_i], length, batch,
+                                 row_ids=range(start, stop_i))
+      tokens, _ = sampling.decode(self.model, self.params, padded, max_new_tokens, rng,
+                                  temperature, top_k, top_p)
+      for row in tokens[:stop_i - start]:
+        ends = np.flatnonzero(stop[row])
+        out.append([int(t) for t in row[:ends[0] if ends.size else len(row)]])
+    return out
+
+  # -------------------------------------------------------------------------- generate --
+  def _check_sampling(self, num_samples, steps, cfg_scale, sampler):
+    from mot import diffusion  # pylint: disable=g-import-not-at-top
+    steps = self.default_steps if steps is None else steps
+    cfg_scale = self.default_cfg_scale if cfg_scale is None else cfg_scale
+    sampler = self.default_sampler if sampler is None else sampler
+    if not (isinstance(num_samples, (int, np.integer)) and num_samples >= 1):
+      raise InputError(f"num_samples={num_samples!r} must be a positive integer")
+    if not (isinstance(steps, (int, np.integer)) and steps >= 1):
+      raise InputError(f"steps={steps!r} must be a positive integer")
+    if not math.isfinite(float(cfg_scale)):
+      raise InputError(f"cfg_scale={cfg_scale!r} must be a finite number")
+    if sampler not in diffusion.SAMPLERS:
+      raise InputError(f"sampler={sampler!r} is unknown: use one of "
+                       f"{sorted(diffusion.SAMPLERS)}")
+    return int(steps), float(cfg_scale), sampler
+
+  def generate(self, prompt: str | Sequence[str], num_samples: int = 1,
+               steps: int | None = None, cfg_scale: float | None = None,
+               sampler: str | None = None, seed: int = 0) -> np.ndarray:
+    """Draws images with the DM head: float32 [len(prompts) * num_samples, H, W] in [0, 1].
+
+    Samples are prompt-major (all of prompt 0's, then prompt 1's, ...). `steps`,
+    `cfg_scale` and `sampler` default to `config.sample`. Sample k's starting noise
+    depends only on (seed, k): a fixed seed reproduces the output exactly.
+    """
+    prompts, _ = _as_list(prompt)
+    steps, cfg_scale, sampler = self._check_sampling(num_samples, steps, cfg_scale, sampler)
+    seed = _check_seed(seed)
+    examples = [self.generation_example(p) for p in prompts]
+    return self._draw(examples, num_samples, steps, cfg_scale, sampler, seed)
+
+  def _draw(self, examples, num_samples, steps, cfg_scale, sampler, seed) -> np.ndarray:
+    from mot import sampling  # pylint: disable=g-import-not-at-top
+    prefixes, blocks = [], []
+    for ex in examples:
+      self._check_length(len(ex["tokens"]), 1, "prompt plus image")  # + EOS
+      prefix, block = sampling.split_block(ex)
+      prefixes += [prefix] * num_samples
+      blocks += [block] * num_samples
+    length = sampling.length_bucket(max(len(p["tokens"]) for p in prefixes))
+    m, p = blocks[0]["tokens"].shape[0], self.model_cfg.patch_dim
+    out = []
+    for start, stop, batch in _chunks(len(prefixes), MAX_SAMPLE_BATCH):
+      prefix = sampling.pad_left(prefixes[start:stop], length, batch)
+      block = sampling.block_arrays(blocks[start:stop], batch)
+      ids = np.arange(start, start + batch)  # padding rows draw their own (unused) noise
+      noise = sampling.initial_noise(seed, ids, (m, p))
+      x0 = sampling.denoise(self.model, self.params, prefix, block, noise, steps,
+                            cfg_scale, sampler, self.time_shift)
+      out.append(x0[:stop - start])
+    return self._to_images(np.concatenate(out))
+
+  def _to_images(self, patches: np.ndarray) -> np.ndarray:
+    """[N, M, P] model-scale patches -> float32 [N, H, W] in [0, 1]."""
+    side, ps = self.image_size, self.patch_size
+    grid_side = side // ps
+    x = patches[..., :ps * ps].reshape(-1, grid_side, grid_side, ps * ps)
+    return np.clip((digits.unpatchify(x, ps) + 1.0) / 2.0, 0.0, 1.0).astype(np.float32)
+
+  # -------------------------------------------------------------------------- both ------
+  def think_then_draw(self, prompt: str | Sequence[str], num_samples: int = 1,
+                      max_new_tokens: int = 8, steps: int | None = None,
+                      cfg_scale: float | None = None, sampler: str | None = None,
+                      seed: int = 0, temperature: float = 0.0, top_k: int = 0,
+                      top_p: float = 1.0) -> tuple[str | list[str], np.ndarray]:
+    """The AR head answers, then the DM head draws the answer in the same sequence.
+
+    E.g. "draw the digit after 3:" (the training template of the interleaved task) ->
+    "4" -> an image of a 4. The sequence is BOS, prompt, answer (both conditioning),
+    image. Returns (answer or list of answers, float32 [len(prompts) * num_samples, H, W]).
+    """
+    prompts, single = _as_list(prompt)
+    self._check_decoding(max_new_tokens, temperature, top_k, top_p)
+    steps, cfg_scale, sampler = self._check_sampling(num_samples, steps, cfg_scale, sampler)
+    seed = _check_seed(seed)
+    m = (self.image_size // self.patch_size) ** 2
+    asks = []
+    for p in prompts:
+      ex = self.reasoning_prompt(p)
+      self._check_length(len(ex["tokens"]), max_new_tokens + m + 3, "prompt, answer and image")
+      asks.append(ex)
+    answer_ids = self._decode(asks, max_new_tokens, temperature, top_k, top_p, seed)
+    examples = [self.generation_example(p, ids) for p, ids in zip(prompts, answer_ids)]
+    images = self._draw(examples, num_samples, steps, cfg_scale, sampler, seed)
+    answers = [_TOKENIZER.decode(ids).strip() for ids in answer_ids]
+    return (answers[0] if single else answers), images
+
+
+# ----------------------------------------------------------------------------------------
+# sample.py
+# ----------------------------------------------------------------------------------------
+MODES = ("reason", "generate", "think_then_draw")
+
+
+def check_out_dir(out: str | None, mode: str) -> None:
+  if mode == "reason":
+    return
+  if not out:
+    raise InputError(f"--mode {mode} writes images: give --out DIR")
+  if os.path.exists(out) and not os.path.isdir(out):
+    raise InputError(f"--out {out} is a file, not a directory")
+
+
+def write_samples(out: str, images: np.ndarray, records: list[dict], rows: int,
+                  settings: dict) -> list[dict]:
+  """One PNG per sample, grid.png (one row per prompt) and manifest.json in `out`."""
+  os.makedirs(out, exist_ok=True)
+  for image, record in zip(images, records):
+    save_png(os.path.join(out, record["file"]), image)
+  save_png(os.path.join(out, "grid.png"), grid(images, rows))
+  manifest = dict(settings, grid="grid.png", samples=records)
+  with open(os.path.join(out, "manifest.json"), "w") as f:
+    json.dump(manifest, f, indent=1)
+  return records
+
+
+def run_sample(workdir: str, mode: str, images: Sequence[str] = (),
+               prompts: Sequence[str] = (), as_json: bool = False, num_samples: int = 1,
+               out: str | None = None, steps: int | None = None,
+               cfg_scale: float | None = None, sampler: str | None = None, seed: int = 0,
+               stdout=None) -> None:
+  """sample.py: validates every input, loads the checkpoint, samples, then writes.
+
+  Nothing is written (files or stdout) before all inputs are checked and all sampling
+  has succeeded; every user error is an InputError / CheckpointError with one line.
+  """
+  stdout = stdout or sys.stdout
+  # ---- Inputs first: cheap checks before the checkpoint is read. ----
+  if mode not in MODES:
+    raise InputError(f"--mode {mode!r} is unknown: use one of {MODES}")
+  prompts = list(prompts) or ([DEFAULT_QUESTION] if mode == "reason" else [])
+  if not prompts:
+    raise InputError(f"--mode {mode} needs --prompt")
+  _as_list(prompts)
+  _check_seed(seed)
+  if images and mode != "reason":
+    raise InputError(f"--images is for --mode reason, not {mode}")
+  if mode != "reason":
+    if num_samples < 1:
+      raise InputError(f"--num_samples={num_samples} must be >= 1")
+    if steps is not None and steps < 1:
+      raise InputError(f"--steps={steps} must be >= 1")
+    if cfg_scale is not None and not math.isfinite(cfg_scale):
+      raise InputError(f"--cfg_scale={cfg_scale} must be a finite number")
+  check_out_dir(out, mode)
+  paths = image_paths(images)
+  pixels = [load_image(p, None) for p in paths]  # Every file is read (and checked) here.
+
+  # ---- Model. ----
+  pipe = Pipeline.from_workdir(workdir)
+  settings = {"workdir": os.path.abspath(workdir), "checkpoint_step": pipe.step,
+              "mode": mode, "seed": seed}
+
+  if mode == "reason":
+    if paths:
+      pairs = [(path, p) for path in paths for p in prompts]
+      answers = pipe.reason([p for _, p in pairs], seed=seed,
+                            images=[x for x in pixels for _ in prompts])
+    else:
+      pairs = [(None, p) for p in prompts]
+      answers = pipe.reason(list(prompts), seed=seed)
+    for (path, p), a in zip(pairs, answers):
+      if as_json:
+        print(json.dumps({"image": path, "prompt": p, "answer": a}), file=stdout)
+      else:
+        print(f"{path if path is not None else p}\t{a}", file=stdout)
+    return
+
+  steps, cfg_scale, sampler = pipe._check_sampling(num_samples, steps, cfg_scale, sampler)  # pylint: disable=protected-access
+  settings.update(steps=steps, cfg_scale=cfg_scale, sampler=sampler)
+  answers = None
+  if mode == "generate":
+    images_out = pipe.generate(prompts, num_samples, steps, cfg_scale, sampler, seed)
+  else:
+    answers, images_out = pipe.think_then_draw(prompts, num_samples, steps=steps,
+                                               cfg_scale=cfg_scale, sampler=sampler,
+                                               seed=seed)
+  records = []
+  for k in range(len(images_out)):
+    i, s = divmod(k, num_samples)
+    record = {"file": f"sample_{k:04d}.png", "prompt": prompts[i], "prompt_index": i,
+              "sample_index": s}
+    if answers is not None:
+      record["answer"] = answers[i]
+    records.append(record)
+  write_samples(out, images_out, records, len(prompts), settings)
+  for record in records:
+    if as_json:
+      print(json.dumps(dict(record, file=os.path.join(out, record["file"]))), file=stdout)
+  if not as_json:
+    if answers is not None:
+      for p, a in zip(prompts, answers):
+        print(f"{p}\t{a}", file=stdout)
+    print(f"wrote {len(records)} samples, grid.png and manifest.json to {out}", file=stdout)

@@ -1,0 +1,53 @@
+"""Sample from a trained workdir: read images (AR head), draw them (DM head), or both.
+
+  python sample.py --workdir runs/digits --mode reason --images a.png digits/ --json
+  python sample.py --workdir runs/digits --mode generate --prompt "a handwritten digit 7" \\
+      --num_samples 8 --out samples/
+  python sample.py --workdir runs/digits --mode think_then_draw \\
+      --prompt "draw the digit after 3:" --out samples/
+
+All logic lives in mot.pipeline (`mot.Pipeline`, `run_sample`).
+"""
+from absl import flags
+
+from mot import cli
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("workdir", None, "Training workdir; its newest checkpoint (EMA weights) "
+                    "is used.")
+flags.DEFINE_enum("mode", "reason", ["reason", "generate", "think_then_draw"],
+                  "reason: answer about images; generate: draw images; think_then_draw: "
+                  "answer, then draw the answer.")
+flags.DEFINE_multi_string("images", [], "Image files and folders to reason about "
+                          "(--mode reason; any size and colour mode).")
+flags.DEFINE_multi_string("prompt", [], "Prompt text; repeat for several (reason default: "
+                          "'What digit is this?').")
+flags.DEFINE_bool("json", False, "Print one JSON object per answer or sample.")
+flags.DEFINE_integer("num_samples", 1, "Images drawn per prompt (generate, think_then_draw).")
+flags.DEFINE_string("out", None, "Output folder for the PNGs, grid.png and manifest.json "
+                    "(generate, think_then_draw).")
+flags.DEFINE_integer("steps", None, "Denoising steps (default: the config's sample.steps).")
+flags.DEFINE_float("cfg_scale", None, "Classifier-free guidance scale; 1 = conditional only "
+                   "(default: the config's sample.cfg_scale).")
+flags.DEFINE_enum("sampler", None, ["euler", "heun"], "ODE sampler (default: the config's "
+                  "sample.sampler).")
+flags.DEFINE_integer("seed", 0, "Seed of the noise and of token sampling; fixed seed, same output.")
+flags.mark_flag_as_required("workdir")
+
+
+def main(argv):
+  images = list(FLAGS.images)
+  if len(argv) > 1:  # `--images A.png B.png DIR/`: the values after the first are positional.
+    if not images:
+      cli.fail(f"unexpected arguments {argv[1:]}: every option is a --flag (see --help)")
+    images += argv[1:]
+  cli.configure_logging()  # stdout stays clean for --json; library chatter filtered
+  with cli.clean_errors():
+    from mot import pipeline  # pylint: disable=g-import-not-at-top
+    pipeline.run_sample(FLAGS.workdir, FLAGS.mode, images, FLAGS.prompt, FLAGS.json,
+                        FLAGS.num_samples, FLAGS.out, FLAGS.steps, FLAGS.cfg_scale,
+                        FLAGS.sampler, FLAGS.seed)
+
+
+if __name__ == "__main__":
+  cli.run(main)

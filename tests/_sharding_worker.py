@@ -1,0 +1,165 @@
+"""Subprocess half of tests/test_sharding.py: 3 train steps per mesh on 8 fake CPU devices.
+
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/_sharding_worker.py \
+      '(8,1,1)' '(2,4,1)' '(2,2,2)' '(1,1,8)'
+
+Runs the single-device reference and then every mesh in one process (meshes over the
+same 8 devices), and prints one JSON object: per mesh, the largest differences from the
+reference (losses, parameters, Adam mu/nu) and every leaf whose sharding is not what the
+config's logical rules say. The test judges; this script only measures.
+"""
+import functools
+import json
+import math
+import os
+import sys
+import time
+
+if "jax" in sys.modules:
+  raise RuntimeError("import this worker before jax: it sets XLA_FLAGS")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                           + " --xla_force_host_platform_device_count=8")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import flax.linen as nn  # noqa: E402
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+
+from configs import digits  # noqa: E402
+from mot import config as config_lib, sharding, train_lib  # noqa: E402
+from mot.data import pipeline  # noqa: E402
+from mot.model import MoT  # noqa: E402
+
+NUM_STEPS = 3
+
+
+def equality_config(mesh_shape: str):
+  """The tiny config with every tensor-sharded dim divisible by 8 (heads, KV heads, MLP,
+  vocab 272) and embed (64) divisible by 8 for fsdp."""
+  c = digits.get_config("tiny")
+  c.mesh_shape = mesh_shape
+  c.model.num_heads = 8
+  c.model.num_kv_heads = 8
+  c.data.seq_len = 96
+  c.data.examples_per_row = 2
+  return c
+
+
+def expected_spec(names, rules, mesh):
+  """PartitionSpec straight from the rules table (independent of flax's helper)."""
+  table = dict(rules)
+  entries = []
+  for name in names:
+    axes = table.get(name)
+    axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    axes = tuple(a for a in axes if mesh.shape[a] > 1)
+    entries.append(None if not axes else axes[0] if len(axes) == 1 else axes)
+  return P(*entries)
+
+
+def sharding_mismatches(boxed, state, mesh, rules):
+  """Leaves of params, ema, mu, nu whose sharding differs from the rules (or is
+  replicated where the rules split it)."""
+  bad = []
+  flat_boxed = jax.tree_util.tree_flatten_with_path(
+      boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))[0]
+  flat_state = jax.tree.leaves(state)
+  assert len(flat_boxed) == len(flat_state)
+  named = 0
+  for (path, box), leaf in zip(flat_boxed, flat_state):
+    if not isinstance(box, nn.LogicallyPartitioned):
+      if not leaf.sharding.is_fully_replicated:
+        bad.append(f"{jax.tree_util.keystr(path)}: unnamed leaf not replicated")
+      continue
+    named += 1
+    want = NamedSharding(mesh, expected_spec(box.names, rules, mesh))
+    if not leaf.sharding.is_equivalent_to(want, leaf.ndim):
+      bad.append(f"{jax.tree_util.keystr(path)}: {leaf.sharding.spec} != rules {want.spec}")
+    shards = math.prod(leaf.shape) // math.prod(leaf.addressable_shards[0].data.shape)
+    splits = math.prod(mesh.shape[a] for e in want.spec if e
+                       for a in ((e,) if isinstance(e, str) else e))
+    if shards != splits:
+      bad.append(f"{jax.tree_util.keystr(path)}: {shards} shards, rules say {splits}")
+  return bad, named
+
+
+@functools.cache
+def boxed_state():
+  """The train state's shapes with their logical names (the same for every mesh)."""
+  c = equality_config("(1,1,1)")
+  model, tx = MoT(config_lib.validate(c)), train_lib.make_optimizer(c)
+  init = train_lib.init_state_fn(model, tx, c.data.seq_len)
+  with nn.logical_axis_rules(sharding.logical_rules(c)):
+    return jax.eval_shape(init, jax.random.PRNGKey(0))
+
+
+def run(mesh_shape: str, devices, batches):
+  c = equality_config(mesh_shape)
+  model_cfg = config_lib.validate(c)
+  mesh = sharding.make_mesh(c, devices)
+  rules = sharding.logical_rules(c)
+  model, tx = MoT(model_cfg), train_lib.make_optimizer(c)
+  init_rng, step_rng = jax.random.split(jax.random.PRNGKey(c.seed))
+  step_rng = sharding.replicate(mesh, step_rng)
+  state, shardings = train_lib.create_train_state(model, tx, mesh, rules, init_rng,
+                                                  c.data.seq_len)
+  boxed = boxed_state()
+  born_bad, named = sharding_mismatches(boxed, state, mesh, rules)
+  step = train_lib.jit_train_step(model, tx, c, mesh, rules, shardings)
+  losses, donated = [], True
+  with jax.set_mesh(mesh):
+    batches = [sharding.global_batch(mesh, b, c.batch_size) for b in batches]
+    lowered = step.lower(state, batches[0], step_rng)
+    # Linen's activation constraints reach the program only under jax.set_mesh.
+    constraints = lowered.as_text().count("sharding_constraint")
+    step = lowered.compile()
+    for batch in batches:
+      old = jax.tree.leaves(state.params)[0]
+      state, metrics = step(state, batch, step_rng)
+      donated &= old.is_deleted()
+      losses.append(float(metrics["loss"]))
+  after_bad, _ = sharding_mismatches(boxed, state, mesh, rules)
+  adam = state.opt_state[1][0]
+  return {"losses": losses, "params": jax.device_get(state.params),
+          "mu": jax.device_get(adam.mu), "nu": jax.device_get(adam.nu),
+          "sharding_errors": born_bad + [f"after steps: {e}" for e in after_bad],
+          "named_leaves": named, "donated": bool(donated),
+          "activation_constraints": constraints}
+
+
+def max_rel_diff(a, b):
+  """Largest |a - b| / (max|b| + tiny) over leaves, per leaf scale."""
+  return max(float(np.max(np.abs(x - y)) / (np.max(np.abs(y)) + 1e-12))
+             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def main(mesh_shapes):
+  t0 = time.perf_counter()
+  devices = jax.devices()
+  assert len(devices) == 8, f"expected 8 fake CPU devices, got {devices}"
+  c = equality_config("(1,1,1)")
+  it = iter(pipeline.make_train_dataset(c.data, c.seed, c.batch_size))
+  batches = [next(it) for _ in range(NUM_STEPS)]
+  ref = run("(1,1,1)", devices[:1], batches)
+  report = {"reference_losses": ref["losses"], "meshes": {}}
+  for shape in mesh_shapes:
+    t = time.perf_counter()
+    out = run(shape, devices, batches)
+    report["meshes"][shape] = {
+        "losses": out["losses"],
+        "loss_max_abs_diff": float(np.max(np.abs(np.subtract(out["losses"], ref["losses"])))),
+        "params_max_rel_diff": max_rel_diff(out["params"], ref["params"]),
+        "mu_max_rel_diff": max_rel_diff(out["mu"], ref["mu"]),
+        "nu_max_rel_diff": max_rel_diff(out["nu"], ref["nu"]),
+        "sharding_errors": out["sharding_errors"], "named_leaves": out["named_leaves"],
+        "donated": out["donated"], "activation_constraints": out["activation_constraints"],
+        "seconds": round(time.perf_counter() - t, 1)}
+  report["seconds"] = round(time.perf_counter() - t0, 1)
+  print("RESULT " + json.dumps(report))
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:] or ["(8,1,1)", "(2,4,1)", "(2,2,2)", "(1,1,8)"])

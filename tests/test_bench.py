@@ -1,0 +1,55 @@
+"""bench/train_throughput.py on the tiny config: it runs and reports every figure.
+
+No timing is asserted: the figures depend on the machine and its load.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from bench import train_throughput
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KEYS = {"tokens_per_s", "step_ms", "input_wait_ms", "flops_per_token", "flops_per_s",
+        "peak_flops_per_s", "mfu", "compile_s", "recompiles", "peak_rss_mb",
+        "xla_memory_mb", "attended_context", "params_per_token", "loadavg_start",
+        "loadavg_end"}
+
+
+def test_cli_prints_a_json_line_with_every_figure():
+  proc = subprocess.run(
+      [sys.executable, "-m", "bench.train_throughput", "--config", "configs/digits.py:tiny",
+       "--steps", "2", "--warmup", "1", "--peak_size", "256", "--peak_reps", "2"],
+      cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert KEYS <= set(result), KEYS - set(result)
+  assert result["recompiles"] == 0, result["recompiled"]
+  assert result["steps"] == 2 and np.isfinite(result["loss"])
+  for key in ("tokens_per_s", "step_ms", "flops_per_token", "peak_flops_per_s", "mfu"):
+    assert result[key] > 0, key
+
+
+def test_attended_context_counts_allowed_keys_per_real_query():
+  # One row: a causal text example of 3 tokens, then a 2-token bidirectional block in a
+  # second example, then one padding token.
+  batch = {"segment_ids": np.array([[1, 1, 1, 2, 2, 0]]),
+           "block_ids": np.array([[0, 0, 0, 1, 1, 0]]),
+           "dm_mask": np.zeros((1, 6), np.float32)}
+  # Text queries see 1, 2, 3 keys; each block token sees both block tokens.
+  assert train_throughput.attended_context(batch) == (1 + 2 + 3 + 2 + 2) / 5
+
+
+def test_active_params_skips_the_token_table_and_selects_one_modality():
+  import flax.linen as nn
+  import jax.numpy as jnp
+  boxed = {"embed": {"token_embedding": nn.LogicallyPartitioned(jnp.zeros((10, 4)),
+                                                                ("vocab", "embed"))},
+           "patch_projection": nn.LogicallyPartitioned(jnp.zeros((4, 3, 4)),
+                                                       ("modality", "patch", "embed")),
+           "kernel": nn.LogicallyPartitioned(jnp.zeros((4, 5)), ("embed", "mlp")),
+           "plain": jnp.zeros((2,))}
+  passed, embedding = train_throughput.active_params(boxed)
+  assert embedding == 40 and passed == 3 * 4 + 20 + 2
