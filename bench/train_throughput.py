@@ -32,6 +32,10 @@ the jitted step, blocked until done. It prints the figures, then one JSON line:
                      of its first call), apart from step time; first_step_s includes its run.
   recompiles         XLA compilations during the timed steps (0 unless shapes or shardings
                      change between steps).
+  cpu_ms_per_step    user and system CPU time of the process per timed step (getrusage):
+                     user ~ 2 x step_ms when both cores compute; high system time means
+                     page faults (minor_faults_per_step) from freshly mapped memory.
+  malloc             LD_PRELOAD, if any (e.g. tcmalloc: see the README's Performance).
   peak_rss_mb        the process's peak resident memory (resource.getrusage).
   xla_memory_mb      the compiled step's `memory_analysis()` (arguments, outputs, aliased by
                      donation, temporaries).
@@ -177,6 +181,8 @@ def measure(config, steps: int = 30, warmup: int = 3, peak_size: int = 2048,
   step_s, wait_s, real_tokens, mask_fields = [], [], [], []
   with jax.set_mesh(mesh):
     for i in range(warmup + steps):
+      if i == warmup:
+        usage_start = resource.getrusage(resource.RUSAGE_SELF)
       timed = i >= warmup
       if i == 0:
         mark = compiles.mark()
@@ -197,6 +203,7 @@ def measure(config, steps: int = 30, warmup: int = 3, peak_size: int = 2048,
         wait_s.append(got - start)
         real_tokens.append(train_lib.global_tokens(local, config.batch_size))
         mask_fields.append({k: local[k] for k in ("segment_ids", "block_ids", "dm_mask")})
+  usage = resource.getrusage(resource.RUSAGE_SELF)
   recompiled = compiles.compiles_since(timed_mark)
   # After the timed steps: the mask rule runs as (compiling) eager JAX ops.
   context = float(np.mean([attended_context(fields) for fields in mask_fields]))
@@ -245,6 +252,10 @@ def measure(config, steps: int = 30, warmup: int = 3, peak_size: int = 2048,
       "first_step_s": round(first_step_s, 2),
       "recompiles": len(recompiled),
       "recompiled": sorted(set(recompiled)),
+      "cpu_user_ms_per_step": round((usage.ru_utime - usage_start.ru_utime) * 1e3 / steps, 1),
+      "cpu_sys_ms_per_step": round((usage.ru_stime - usage_start.ru_stime) * 1e3 / steps, 1),
+      "minor_faults_per_step": round((usage.ru_minflt - usage_start.ru_minflt) / steps),
+      "malloc": os.environ.get("LD_PRELOAD", "") or "default",
       "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
       "xla_memory_mb": xla_memory,
       "loss": round(loss, 4),
@@ -267,6 +278,9 @@ def main(argv):
         f"({result['params_per_token'] / 1e6:.2f}M params/token, attended context "
         f"{result['attended_context']:.1f}) -> {result['flops_per_s'] / 1e9:.1f} GFLOP/s of "
         f"{result['peak_flops_per_s'] / 1e9:.1f} peak: MFU {100 * result['mfu']:.1f}%")
+  print(f"  CPU per step: user {result['cpu_user_ms_per_step']:.0f} ms, system "
+        f"{result['cpu_sys_ms_per_step']:.0f} ms, {result['minor_faults_per_step']} page faults "
+        f"(malloc: {result['malloc']})")
   print(f"  compile {result['compile_s']:.1f}s, recompiles {result['recompiles']}, "
         f"peak RSS {result['peak_rss_mb']:.0f} MB, XLA {result['xla_memory_mb']}, "
         f"load {result['loadavg_start']} -> {result['loadavg_end']}")

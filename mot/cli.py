@@ -96,9 +96,9 @@ def configure_logging() -> None:
   """INFO for mot's own messages; third-party INFO logs filtered out."""
   import jax
   from absl import logging
+  logging.get_absl_handler().addFilter(_QuietLibraries())  # before JAX starts its backends
   # Processes other than 0 would only repeat process 0's lines.
   logging.set_verbosity(logging.INFO if jax.process_index() == 0 else logging.WARNING)
-  logging.get_absl_handler().addFilter(_QuietLibraries())
 
 
 def maybe_initialize_distributed(coordinator_address=None, num_processes=None,

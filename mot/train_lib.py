@@ -196,7 +196,22 @@ def eval_step(params, batch, rng, *, model: MoT, config) -> dict:
   no_drop = config.copy_and_resolve_references()
   no_drop.cond_drop_prob = 0.0
   _, metrics = compute_losses(params, batch, rng, model, no_drop)
+  # Weights, so that batches with few (or no) targets of one kind count for what they hold.
+  dims = patch_dim_mask(batch["modality"], model.cfg.modality_patch_dims, model.cfg.patch_dim)
+  metrics["ar_weight"] = jnp.sum(batch["ar_weights"])
+  metrics["dm_weight"] = jnp.sum((batch["dm_mask"] > 0)[..., None] * dims)
   return metrics
+
+
+def weighted_eval_means(results: list[dict]) -> dict[str, float]:
+  """Held-out losses averaged over targets, not over batches."""
+  results = jax.device_get(results)
+  out = {}
+  for loss, weight in (("ar_loss", "ar_weight"), ("dm_loss", "dm_weight")):
+    w = np.asarray([r[weight] for r in results], np.float64)
+    v = np.asarray([r[loss] for r in results], np.float64)
+    out[loss] = float(np.sum(w * v) / max(np.sum(w), 1.0))
+  return out
 
 
 def jit_train_step(model, tx, config, mesh, rules, state_shardings):
@@ -494,7 +509,7 @@ def evaluate_heldout(config, state, p_eval_step, rng, mesh, log, step) -> dict:
   # Every process holds the whole held-out batch; each device takes its own rows of it.
   results = [p_eval_step(state.ema_params, sharding.global_batch(mesh, b, config.batch_size),
                          rng) for b in batches]
-  summary = _mean_metrics(results)
+  summary = weighted_eval_means(results)
   record = {"step": step, "eval_ar_loss": summary["ar_loss"], "eval_dm_loss": summary["dm_loss"]}
   logging.info("step %d held-out: ar_loss %.4f dm_loss %.4f", step, summary["ar_loss"],
                summary["dm_loss"])

@@ -53,3 +53,13 @@ def test_cli_trains_and_overrides_fields(tmp_path):
   assert proc.returncode == 0, proc.stderr[-3000:]
   steps = [r["step"] for r in read_metrics(workdir) if "loss" in r]
   assert steps == [1, 2]
+
+
+def test_heldout_losses_weigh_targets_not_batches():
+  # The last held-out batches hold only reading examples (no DM target): they must not
+  # drag the DM average toward zero.
+  results = [{"ar_loss": 1.0, "dm_loss": 0.8, "ar_weight": 10.0, "dm_weight": 64.0},
+             {"ar_loss": 3.0, "dm_loss": 0.0, "ar_weight": 30.0, "dm_weight": 0.0}]
+  means = train_lib.weighted_eval_means(results)
+  np.testing.assert_allclose(means["dm_loss"], 0.8)
+  np.testing.assert_allclose(means["ar_loss"], 2.5)
