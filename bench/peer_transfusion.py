@@ -16,7 +16,7 @@ image cut into 2x2 patches, given as a channel-last (4, 4, 4) latent: 16 image t
 One step = forward (its flow + text losses), backward, AdamW step, zero_grad. Prints one
 JSON line: tokens_per_s (32 + 16 = 48 tokens per example, like STACK.md; the begin/end
 markers it adds around an image are not counted), step_ms (median of --steps after
---warmup), parameters, threads and os.getloadavg().
+--warmup), parameters, threads, the LD_PRELOADed allocator if any, os.getloadavg().
 """
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def main() -> None:
     elapsed = time.perf_counter() - start
     if i >= args.warmup:
       times.append(elapsed)
-      losses.append(float(loss))
+      losses.append(loss.item())
 
   tokens = args.batch * (args.text_len + 16)
   step = statistics.median(times)
@@ -92,6 +92,7 @@ def main() -> None:
       "steps": args.steps,
       "tokens_per_step": tokens,
       "params": sum(p.numel() for p in model.parameters()),
+      "malloc": os.environ.get("LD_PRELOAD", "") or "default",
       "loss": round(losses[-1], 4),
       "loadavg_start": [round(x, 2) for x in loadavg_start],
       "loadavg_end": [round(x, 2) for x in os.getloadavg()],

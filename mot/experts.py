@@ -23,9 +23,11 @@ Two ways to multiply the buffer by each group's weights (`grouped_matmul`):
           into one dense matmul per expert: E times the FLOPs.
   tiled   every expert's group starts on a tile boundary (tiles of T rows), so every tile
           belongs to one expert; one batched matmul over the K tiles with each tile's
-          weights. K = ceil(N / T) + E - 1 covers any split, so at most (E - 1) * T padding
-          rows are computed (6 % for mode at N = 4096, T = 256), plus K copies of weights.
-`expert_impl="auto"` takes ragged on TPU and tiled elsewhere.
+          weights. K = ceil(N / T) + E - 1 covers any split, so (E - 1) * T padding rows
+          are computed (6 % for mode at N = 4096, T = 256), plus a gather of K kernel
+          copies that the backward pass recomputes rather than keeps (`_tiled_matmul`).
+`expert_impl="auto"` takes ragged on TPU and tiled elsewhere. On 2 CPU cores the digits
+train step of "mode" takes ~1.05-1.08x the time of "shared" (bench/experts_step_time.py).
 
   groups = experts.group_tokens(cfg, inputs.modality, inputs.mask_ids.noised)  # or None
   buf = groups.dispatch(x)                   # [B, L, d] -> [R, d]
@@ -86,11 +88,11 @@ def _move_rows(x, index, inverse, mask, inverse_mask):
 
 
 def _move_rows_fwd(x, index, inverse, mask, inverse_mask):
-  return _take_rows(x, index, mask), (index, inverse, mask, inverse_mask)
+  return _take_rows(x, index, mask), (inverse, inverse_mask)
 
 
 def _move_rows_bwd(res, ct):
-  index, inverse, mask, inverse_mask = res
+  inverse, inverse_mask = res
   return _take_rows(ct, inverse, inverse_mask), None, None, None, None
 
 

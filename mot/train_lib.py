@@ -7,6 +7,7 @@ grain input pipeline, orbax checkpoints and the metrics log.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -368,7 +369,13 @@ def check_resumable(workdir: str, step: int, config) -> None:
   for section in ("model", "data"):
     ours = json.loads(json.dumps(config[section].to_dict()))
     theirs = saved.get(section, {})
+    defaults = json.loads(json.dumps(dataclasses.asdict(config_lib.ModelConfig()))) \
+        if section == "model" else {}
+    # A field added to the code after the checkpoint was written matches when it keeps
+    # its default (older checkpoints stay resumable).
+    added_at_default = lambda k: k not in theirs and k in defaults and ours[k] == defaults[k]
     diff = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k)
+                  and not added_at_default(k)
                   and k not in ("task_weights", "shift_pixels", "num_threads", "prefetch",
                                 "workers"))
     if diff:

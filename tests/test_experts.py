@@ -162,10 +162,11 @@ def test_grouped_matmul_equals_per_token_select(impl, in_dims):
 # ----------------------------------------------------------------------------------------
 # The model: "mode" with identical experts == "shared"; what outputs depend on.
 # ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("experts_mode", ["mode", "modality"])
-def test_identical_experts_equal_shared(experts_mode):
+@pytest.mark.parametrize("experts_mode, impl", [("mode", "tiled"), ("mode", "ragged"),
+                                               ("modality", "tiled")])
+def test_identical_experts_equal_shared(experts_mode, impl):
   shared = CFG
-  mot_cfg = dataclasses.replace(shared, experts=experts_mode)
+  mot_cfg = dataclasses.replace(shared, experts=experts_mode, expert_impl=impl)
   params = init_params(shared)
   expanded = experts.expand_shared(params, mot_cfg)
   # The expert tree is the shared one (names and shapes) plus an axis.
