@@ -219,24 +219,24 @@ def _build_fn(data_config: Any):
   return tasks.build_example if data_config.dataset == "digits" else user_data.build_example
 
 
-def _train_pairs(data_config: Any):
-  """pairs[i] -> (image [H, W], label or caption) the model trains on."""
+def _split_pairs(data_config: Any, heldout: bool):
+  """pairs[i] -> (image [H, W], label or caption) of the train or held-out split."""
   if data_config.dataset == "digits":
-    images, labels, _, _ = digits.load_digits_split()
-    return _ArrayPairs(images, labels)
+    train_x, train_y, held_x, held_y = digits.load_digits_split()
+    return _ArrayPairs(held_x, held_y) if heldout else _ArrayPairs(train_x, train_y)
   if data_config.dataset in DATASETS:
-    return user_data.open_user_data(data_config).train
+    split = user_data.open_user_data(data_config)
+    return split.heldout if heldout else split.train
   raise ValueError(f"config.data.dataset={data_config.dataset!r} is unknown; "
                    f"known: {DATASETS}")
+
+
+def _train_pairs(data_config: Any):
+  """The pairs the model trains on."""
+  return _split_pairs(data_config, heldout=False)
 
 
 def _heldout_pairs(data_config: Any):
-  """pairs[i] -> (image [H, W], label or caption) kept for evaluation only."""
-  if data_config.dataset == "digits":
-    _, _, images, labels = digits.load_digits_split()
-    return _ArrayPairs(images, labels)
-  if data_config.dataset in DATASETS:
-    return user_data.open_user_data(data_config).heldout
-  raise ValueError(f"config.data.dataset={data_config.dataset!r} is unknown; "
-                   f"known: {DATASETS}")
+  """The pairs kept for evaluation only."""
+  return _split_pairs(data_config, heldout=True)
 
