@@ -14,8 +14,8 @@ from bench import train_throughput
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEYS = {"tokens_per_s", "step_ms", "input_wait_ms", "flops_per_token", "flops_per_s",
         "peak_flops_per_s", "mfu", "compile_s", "recompiles", "peak_rss_mb",
-        "xla_memory_mb", "attended_context", "params_per_token", "loadavg_start",
-        "loadavg_end"}
+        "xla_memory_mb", "attended_context", "params_per_token", "cpu_user_ms_per_step",
+        "cpu_sys_ms_per_step", "minor_faults_per_step", "loadavg_start", "loadavg_end"}
 
 
 def test_cli_prints_a_json_line_with_every_figure():
