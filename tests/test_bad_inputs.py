@@ -1,0 +1,86 @@
+"""The bad-input catalogue of train.py and mot.evaluate: each case exits non-zero with one
+`error:` line, no traceback, and leaves an existing workdir exactly as it was.
+(sample.py's catalogue is in tests/test_sample_cli.py.)"""
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--config", "configs/digits.py:tiny"]
+
+
+def snapshot(path):
+  out = {}
+  for dirpath, _, files in os.walk(path):
+    for name in files:
+      full = os.path.join(dirpath, name)
+      with open(full, "rb") as f:
+        out[os.path.relpath(full, path)] = f.read()
+  return out
+
+
+@pytest.fixture(scope="module")
+def existing(tmp_path_factory):
+  """A workdir with some files in it (no checkpoint), and a plain file."""
+  d = tmp_path_factory.mktemp("existing")
+  (d / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+  (d / "notes.txt").write_text("keep me\n")
+  f = tmp_path_factory.mktemp("f") / "a_file"
+  f.write_text("not a directory\n")
+  return d, f
+
+
+def train_cases(workdir, a_file):
+  w = ["--workdir", str(workdir)]
+  return {
+      "unknown config file": ["--config", "configs/nope.py", *w],
+      "unknown variant": ["--config", "configs/digits.py:huge", *w],
+      "unknown field": [*TINY, *w, "--config.nope=3"],
+      "bad value type": [*TINY, *w, "--config.batch_size=abc"],
+      "missing workdir flag": [*TINY],
+      "workdir is a file": [*TINY, "--workdir", str(a_file)],
+      "heads vs kv heads": [*TINY, *w, "--config.model.num_kv_heads=3"],
+      "rope sections": [*TINY, *w, "--config.model.rope_sections=(8,12,12)"],
+      "unknown experts": [*TINY, *w, "--config.model.experts=dense"],
+      "seq_len too short": [*TINY, *w, "--config.data.seq_len=20"],
+      "mesh vs devices": [*TINY, *w, "--config.mesh_shape=(2,1,1)"],
+      "zero steps": [*TINY, *w, "--config.num_train_steps=0"],
+      "negative batch": [*TINY, *w, "--config.batch_size=-4"],
+      "bad learning rate": [*TINY, *w, "--config.learning_rate=-1.0"],
+      "stray argument": [*TINY, *w, "extra"],
+  }
+
+
+def check_clean_failure(proc):
+  assert proc.returncode != 0, proc.stdout[-500:]
+  assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  errors = [l for l in proc.stderr.strip().splitlines() if l.startswith("error:")]
+  assert len(errors) == 1, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("case", sorted(train_cases("W", "F")))
+def test_train_bad_input(existing, case):
+  workdir, a_file = existing
+  before = snapshot(workdir)
+  args = train_cases(workdir, a_file)[case]
+  proc = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True,
+                        text=True, timeout=300)
+  check_clean_failure(proc)
+  assert snapshot(workdir) == before
+
+
+@pytest.mark.parametrize("case", ["missing workdir", "workdir is a file", "no checkpoint",
+                                  "zero samples"])
+def test_evaluate_bad_input(existing, tmp_path, case):
+  workdir, a_file = existing
+  before = snapshot(workdir)
+  target = {"missing workdir": str(tmp_path / "nope"), "workdir is a file": str(a_file),
+            "no checkpoint": str(workdir), "zero samples": str(workdir)}[case]
+  extra = ["--samples_per_digit", "0"] if case == "zero samples" else []
+  proc = subprocess.run([sys.executable, "-m", "mot.evaluate", "--workdir", target, *extra],
+                        cwd=ROOT, capture_output=True, text=True, timeout=300)
+  check_clean_failure(proc)
+  assert snapshot(workdir) == before
+  assert not os.path.exists(tmp_path / "nope")
