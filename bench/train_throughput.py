@@ -181,13 +181,10 @@ def measure(config, steps: int = 30, warmup: int = 3, peak_size: int = 2048,
   step_s, wait_s, real_tokens, mask_fields = [], [], [], []
   with jax.set_mesh(mesh):
     for i in range(warmup + steps):
-      if i == warmup:
-        usage_start = resource.getrusage(resource.RUSAGE_SELF)
       timed = i >= warmup
-      if i == 0:
+      if i in (0, warmup):  # compiles from the first step on, then from the first timed one
         mark = compiles.mark()
-      if i == warmup:
-        timed_mark = compiles.mark()
+        usage_start = resource.getrusage(resource.RUSAGE_SELF)
       start = time.perf_counter()
       local = next(data_iter)
       got = time.perf_counter()
@@ -197,21 +194,21 @@ def measure(config, steps: int = 30, warmup: int = 3, peak_size: int = 2048,
       end = time.perf_counter()
       if i == 0:
         first_step_s, compile_s = end - start, compiles.seconds_since(mark)
-        lowered_batch = batch
+        first_batch = batch
       if timed:
         step_s.append(end - start)
         wait_s.append(got - start)
         real_tokens.append(train_lib.global_tokens(local, config.batch_size))
         mask_fields.append({k: local[k] for k in ("segment_ids", "block_ids", "dm_mask")})
   usage = resource.getrusage(resource.RUSAGE_SELF)
-  recompiled = compiles.compiles_since(timed_mark)
+  recompiled = compiles.compiles_since(mark)
   # After the timed steps: the mask rule runs as (compiling) eager JAX ops.
   context = float(np.mean([attended_context(fields) for fields in mask_fields]))
   loss = float(jax.device_get(metrics["loss"]))
   peak = max(peak_before, matmul_peak(peak_size, peak_reps))
 
   # After the timed steps: jit's cache already holds the executable (no second compile).
-  xla = p_step.lower(state, lowered_batch, step_rng).compile().memory_analysis()
+  xla = p_step.lower(state, first_batch, step_rng).compile().memory_analysis()
   mb = lambda b: round(b / 2 ** 20, 1)
   xla_memory = None if xla is None else {
       "argument": mb(xla.argument_size_in_bytes), "output": mb(xla.output_size_in_bytes),

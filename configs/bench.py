@@ -4,8 +4,10 @@
   python -m bench.train_throughput --config configs/bench.py:d512
   /tmp/peer/bin/python bench/peer_transfusion.py     # the peer (bash bench/peer_setup.sh)
 
-Both train for real (python train.py --config configs/bench.py:peer --workdir DIR works);
-they differ from configs/digits.py only where a field is set below.
+They are configs/digits.py's default run changed only where a field is set below, so
+train.py accepts them too. On a CPU, run both with tcmalloc preloaded (see the README's
+Performance section): XLA's CPU runtime maps and unmaps the step's scratch memory every
+step, and glibc's malloc then pays a page fault per 4 KiB page (47,000 a step for `peer`).
 
 Variants (the part after ':'):
   peer  lucidrains' transfusion-pytorch benchmark setting (shared/STACK.md, issue 9):
@@ -22,8 +24,8 @@ Variants (the part after ':'):
         other, so the attended context is the peer's kind: one example's tokens).
   d512  d_model 512, 8 layers, 8 heads x 64, SwiGLU hidden 2048 (4x), on packed rows of 3
         examples (seq_len 128) and 16 rows a step: about 1,940 real tokens per step, so
-        the per-step costs that do not grow with tokens (AdamW, EMA, the non-finite guard
-        over ~3 copies of 34M parameters) weigh less against the matmuls.
+        the per-step costs that do not grow with tokens (AdamW, EMA and the non-finite
+        guard over 4 copies of 34.6M parameters) weigh less against the matmuls.
 """
 import ml_collections
 
@@ -41,8 +43,8 @@ def get_config(arg: str = "peer") -> ml_collections.ConfigDict:
   c.progress_bar = False             # no tqdm bar (benchmarks print their own figures)
 
   # ---- Data: examples with one image each (the peer's have one image and text). ----
-  c.data.task_weights = ml_collections.ConfigDict(
-      {"generation": 0.5, "reasoning": 0.5, "text": 0.0})  # caption->image, image->answer
+  c.data.task_weights = ml_collections.ConfigDict(  # caption->image, image->answer only
+      {"generation": 0.5, "reasoning": 0.5, "text": 0.0, "interleaved": 0.0})
   c.data.num_threads = 1             # grain reading threads (the step needs both cores)
   c.data.prefetch = 2                # batches grain prepares ahead of the step
 
