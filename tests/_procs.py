@@ -89,3 +89,14 @@ def run_all(commands: list[tuple[list[str], dict, str]], timeout: float, what: s
 
 def python() -> str:
   return sys.executable
+
+
+def snapshot(path):
+  """{relative path: bytes} of every file under path (to prove a workdir untouched)."""
+  out = {}
+  for dirpath, _, files in os.walk(path):
+    for name in files:
+      full = os.path.join(dirpath, name)
+      with open(full, "rb") as f:
+        out[os.path.relpath(full, path)] = f.read()
+  return out

@@ -7,18 +7,10 @@ import sys
 
 import pytest
 
+from tests._procs import snapshot
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--config", "configs/digits.py:tiny"]
-
-
-def snapshot(path):
-  out = {}
-  for dirpath, _, files in os.walk(path):
-    for name in files:
-      full = os.path.join(dirpath, name)
-      with open(full, "rb") as f:
-        out[os.path.relpath(full, path)] = f.read()
-  return out
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from tests._procs import snapshot
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 12
 BASE = ["--config", "configs/digits.py:tiny", f"--config.num_train_steps={STEPS}",
@@ -143,17 +145,6 @@ def test_damaged_and_incompatible_checkpoints(tmp_path):
   assert proc.returncode == 1 and "Traceback" not in proc.stderr
   assert proc.stderr.strip().splitlines()[-1].startswith("error: no checkpoint in")
   assert snapshot(tmp_path) == before
-
-
-def snapshot(workdir):
-  """{relative path: bytes} of every file under workdir."""
-  out = {}
-  for dirpath, _, files in os.walk(workdir):
-    for name in files:
-      path = os.path.join(dirpath, name)
-      with open(path, "rb") as f:
-        out[os.path.relpath(path, workdir)] = f.read()
-  return out
 
 
 def test_nonfinite_updates_are_skipped_then_training_stops(tiny_config, tmp_path, monkeypatch):
