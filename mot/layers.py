@@ -87,8 +87,9 @@ class Attention(nn.Module):
   """Grouped-query attention over the whole (packed) sequence.
 
   q: [B, Lq, H, D]; k, v: [B, Lk, K, D] with H % K == 0. With `cache` (dict of k, v
-  [B, Lmax, K, D]) the new keys/values are written at `cache_index` and the queries
-  attend over the whole cache; the mask then has Lk = Lmax. With `groups`, x and the
+  [B, Lmax, K, D]) the queries attend over the cache as if the new keys/values were
+  written at `cache_index` (the mask then has Lk = Lmax), and the layer returns only
+  the new keys/values; `Backbone` writes them into the cache. With `groups`, x and the
   output are grouped buffers [R, d]: projections and QK-norms run per expert, then q, k, v
   return to [B, L, ...] for RoPE, the cache and the (global) attention.
   """
@@ -110,20 +111,50 @@ class Attention(nn.Module):
       q, k, v = groups.combine(q), groups.combine(k), groups.combine(v)
     q = rope.apply_mrope(q, positions, cfg.rope_sections, cfg.rope_theta, cfg.rope_interleaved)
     k = rope.apply_mrope(k, positions, cfg.rope_sections, cfg.rope_theta, cfg.rope_interleaved)
-    new_cache = None
-    if cache is not None:
-      start = (0, cache_index, 0, 0)
-      k = jax.lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype), start)
-      v = jax.lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype), start)
-      new_cache = {"k": k, "v": v}
-    out = jax.nn.dot_product_attention(q, k.astype(dt), v.astype(dt), mask=mask,
-                                       implementation=cfg.attention_impl)
+    if cache is None:
+      new_kv = None
+      out = jax.nn.dot_product_attention(q, k.astype(dt), v.astype(dt), mask=mask,
+                                         implementation=cfg.attention_impl)
+    else:
+      new_kv = {"k": k.astype(cache["k"].dtype), "v": v.astype(cache["v"].dtype)}
+      out = cached_attention(q, new_kv, cache, cache_index, mask).astype(dt)
     out = nn.with_logical_constraint(out, ("activation_batch", "activation_length",
                                            "activation_heads", "activation_kv"))
     if groups is not None:
       out = groups.dispatch(out)
     out = Linear(cfg, (d,), ("heads", "kv", "embed"), in_dims=2, name="out")(out, groups)
-    return out, new_cache
+    return out, new_kv
+
+
+def cached_attention(q: Array, new_kv: dict, cache: dict, cache_index, mask: Array) -> Array:
+  """Attention of L new queries over the old cache and their own new keys/values.
+
+  q [B, L, H, D]; new_kv k, v [B, L, K, D]; cache k, v [B, Lmax, K, D] (read only: the
+  caller writes new_kv into slots [cache_index, cache_index + L) once, for all layers, so
+  a decode step never copies the whole cache); mask bool [B, 1, L, Lmax] over the cache
+  slots, the new tokens' own slots included. Returns float32 [B, L, H, D], equal to
+  attention over the updated cache.
+  """
+  b, l, h, d = q.shape
+  kv_heads = new_kv["k"].shape[2]
+  lmax = cache["k"].shape[1]
+  f32 = jnp.float32
+  qg = q.astype(f32).reshape(b, l, kv_heads, h // kv_heads, d) * (d ** -0.5)
+  slots = jnp.arange(lmax)
+  stale = (slots >= cache_index) & (slots < cache_index + l)  # Not yet written.
+  mask_old = mask[:, 0] & ~stale                                           # [B, L, Lmax]
+  mask_new = jax.lax.dynamic_slice_in_dim(mask[:, 0], cache_index, l, axis=2)  # [B, L, L]
+  logits = jnp.concatenate(
+      [jnp.einsum("bqkgd,bskd->bkgqs", qg, cache["k"].astype(f32)),
+       jnp.einsum("bqkgd,bskd->bkgqs", qg, new_kv["k"].astype(f32))], axis=-1)
+  allowed = jnp.concatenate([mask_old, mask_new], axis=-1)[:, None, None]  # [B,1,1,L,S]
+  # Same convention as jax.nn.dot_product_attention: masked logits get a large negative
+  # number (a query with no allowed key averages uniformly instead of producing NaN).
+  logits = jnp.where(allowed, logits, -0.7 * jnp.finfo(f32).max)
+  probs = jax.nn.softmax(logits, axis=-1)
+  out = (jnp.einsum("bkgqs,bskd->bqkgd", probs[..., :lmax], cache["v"].astype(f32))
+         + jnp.einsum("bkgqs,bskd->bqkgd", probs[..., lmax:], new_kv["v"].astype(f32)))
+  return out.reshape(b, l, h, d)
 
 
 class SwiGLU(nn.Module):

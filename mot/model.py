@@ -46,13 +46,13 @@ class Block(nn.Module):
   @nn.compact
   def __call__(self, x, positions, mask, cache, cache_index, groups=None):
     x = layers.constrain(x, ACTIVATION)
-    attn, new_cache = layers.Attention(self.cfg, name="attention")(
+    attn, new_kv = layers.Attention(self.cfg, name="attention")(
         layers.RMSNorm(self.cfg, axis_name="embed", name="attention_norm")(x, groups),
         positions, mask, cache, cache_index, groups)
     x = x + attn
     x = x + layers.SwiGLU(self.cfg, name="mlp")(
         layers.RMSNorm(self.cfg, axis_name="embed", name="mlp_norm")(x, groups), groups)
-    return layers.constrain(x, ACTIVATION), new_cache
+    return layers.constrain(x, ACTIVATION), new_kv
 
 
 class ScannedBlock(nn.Module):
@@ -90,20 +90,25 @@ class Backbone(nn.Module):
                       split_rngs={"params": True},
                       in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
                       length=cfg.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
-      x, new_cache = stack(cfg, name="layers")(x, cache, positions, mask, cache_index, groups)
+      x, new_kv = stack(cfg, name="layers")(x, cache, positions, mask, cache_index, groups)
     else:
-      new_caches = []
+      new_kvs = []
       block_cls = _remat(Block, cfg)
       for i in range(cfg.num_layers):
         layer_cache = None if cache is None else jax.tree.map(lambda c: c[i], cache)
-        x, c = block_cls(cfg, name=f"layers_{i}")(x, positions, mask, layer_cache,
-                                                  cache_index, groups)
-        new_caches.append(c)
-      new_cache = (None if cache is None
-                   else jax.tree.map(lambda *c: jnp.stack(c), *new_caches))
+        x, kv = block_cls(cfg, name=f"layers_{i}")(x, positions, mask, layer_cache,
+                                                   cache_index, groups)
+        new_kvs.append(kv)
+      new_kv = None if cache is None else jax.tree.map(lambda *c: jnp.stack(c), *new_kvs)
     if groups is not None:
       x = groups.combine(x)
-    return x, new_cache
+    if cache is None:
+      return x, None
+    # The layers return only the new tokens' keys/values [layers, B, L, K, D]; one update
+    # writes them for all layers (in place when the cache is a loop carry).
+    start = (0, 0, cache_index, 0, 0)
+    return x, jax.tree.map(lambda c, n: jax.lax.dynamic_update_slice(c, n, start),
+                           cache, new_kv)
 
 
 class InputEmbedding(nn.Module):
