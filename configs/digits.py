@@ -102,7 +102,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.model.modality_patch_dims = (0, 4, 4, 2)  # real patch dims of text/image/video/action
   c.model.rope_sections = (8, 12, 12)  # M-RoPE frequencies for (t, h, w); sum = head_dim/2
   c.model.rope_theta = 10000.0       # RoPE base
-  c.model.rope_interleaved = False   # Qwen3-VL interleaved layout instead of Qwen2-VL's
+  c.model.rope_interleaved = True    # Qwen3-VL layout: every axis gets high frequencies (see README)
   c.model.time_embed_dim = 256       # sinusoidal timestep features
   c.model.experts = "shared"         # "shared" | "mode" | "modality" weight tying
   c.model.expert_impl = "auto"       # grouped matmul: "tiled" | "ragged" (ragged_dot) | "auto"

@@ -35,7 +35,7 @@ class ModelConfig:
   modality_patch_dims: tuple[int, ...] = (0, 4, 4, 2)  # valid patch dims per modality id
   rope_sections: tuple[int, int, int] = (8, 12, 12)
   rope_theta: float = 10000.0
-  rope_interleaved: bool = False         # Qwen3-VL interleaved layout instead of Qwen2-VL
+  rope_interleaved: bool = True          # Qwen3-VL interleaved layout (False: Qwen2-VL sections)
   time_embed_dim: int = 256              # sinusoidal features of the diffusion timestep
   experts: str = "shared"
   expert_impl: str = "auto"              # grouped matmul: "auto" | "tiled" | "ragged"
