@@ -8,6 +8,38 @@ import sys
 from mot.config import ConfigError
 
 
+TCMALLOC_PATHS = (  # libtcmalloc-minimal4 (Debian/Ubuntu), gperftools (Fedora/Arch).
+    "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+    "/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+    "/usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4",
+    "/usr/lib64/libtcmalloc_minimal.so.4",
+    "/usr/lib/libtcmalloc_minimal.so.4",
+)
+
+
+def maybe_reexec_with_tcmalloc() -> None:
+  """Restarts this process with tcmalloc preloaded when it is installed.
+
+  XLA's CPU runtime allocates its temporaries per step; with glibc malloc every step
+  then page-faults fresh memory (~200,000 faults a step for configs/digits.py, half the
+  wall time in the kernel). tcmalloc keeps that memory: configs/digits.py trains 1.4x
+  faster (5,800 -> 8,200 tokens/s on 2 cores). Nothing happens when tcmalloc is missing,
+  already preloaded, or MOT_TCMALLOC=0; accelerators are unaffected either way.
+  """
+  if os.environ.get("MOT_TCMALLOC", "1") == "0" or not sys.platform.startswith("linux"):
+    return
+  preload = os.environ.get("LD_PRELOAD", "")
+  if "tcmalloc" in preload or os.environ.get("_MOT_REEXEC"):
+    return
+  lib = next((p for p in TCMALLOC_PATHS if os.path.exists(p)), None)
+  if lib is None:
+    return
+  env = dict(os.environ, LD_PRELOAD=f"{lib}:{preload}" if preload else lib, _MOT_REEXEC="1")
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+
+
 def fail(message: str, code: int = 1):
   """Prints `error: message` on stderr and exits non-zero, without a traceback."""
   print(f"error: {message}", file=sys.stderr, flush=True)
