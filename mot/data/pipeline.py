@@ -10,8 +10,10 @@ integer, which makes checkpoint/resume exact.
     -> row (examples_per_row examples packed into seq_len)
     -> batch [batch_size, seq_len, ...]
 
-`config.data.dataset` picks the pairs: "digits" (image, label) or your own (image,
-caption) pairs, "image_folder" and "array_record" (see `mot.data.user_data`).
+`config.data.dataset` picks the pairs: "digits" (image, label), "moving_digits" (the same
+digits, each example a clip of it moving, drawn from the example's rng: see
+`mot.data.moving_digits`; video tasks only) or your own (image, caption) pairs,
+"image_folder" and "array_record" (see `mot.data.user_data`).
 """
 from __future__ import annotations
 
@@ -23,12 +25,14 @@ import grain
 import numpy as np
 
 from mot.data import digits
+from mot.data import moving_digits
 from mot.data import packing
 from mot.data import tasks
 from mot.data import user_data
 
 EPOCHS = 10**12 // 2000  # ~5e8 epochs of the digits: more than any run consumes
-DATASETS = ("digits", "image_folder", "array_record")
+DATASETS = ("digits", "moving_digits", "image_folder", "array_record")
+DIGIT_DATASETS = ("digits", "moving_digits")  # labelled bundled digits, fixed split
 
 
 def make_train_dataset(data_config: Any, seed: int, batch_size: int,
@@ -83,6 +87,8 @@ def heldout_examples(data_config: Any, task: str) -> list[dict[str, np.ndarray]]
   Never augmented; a task's text variant is drawn from an rng seeded by the image's
   held-out index, so the list is the same on every call.
   """
+  if data_config.dataset == "moving_digits":  # train_lib asks for the image tasks' names
+    task = moving_digits.HELDOUT_ALIASES.get(task, task)
   options = validate(data_config, task_names=(task,))
   pairs, build = _heldout_pairs(data_config), _build_fn(data_config)
   examples = []
@@ -127,17 +133,42 @@ def validate(data_config: Any, task_names: tuple[str, ...] | None = None) -> tas
   if dataset not in DATASETS:
     raise ValueError(f"config.data.dataset={dataset!r} is unknown; known: {DATASETS}")
   p, patch_dim = int(data_config.patch_size), int(data_config.patch_dim)
-  size = 8 if dataset == "digits" else user_data.image_options(data_config).size
+  if dataset == "moving_digits":
+    size = int(data_config.get("canvas_size", moving_digits.CANVAS))
+    num_frames = int(data_config.get("num_frames", moving_digits.NUM_FRAMES))
+    if not 2 <= num_frames <= size - moving_digits.DIGIT + 1:
+      raise ValueError(f"config.data.num_frames={num_frames} must be in [2, "
+                       f"{size - moving_digits.DIGIT + 1}]: a digit moves one pixel a "
+                       f"frame and must stay on the {size}x{size} canvas "
+                       "(config.data.canvas_size)")
+  else:
+    size = 8 if dataset == "digits" else user_data.image_options(data_config).size
+    num_frames = moving_digits.NUM_FRAMES
   if p < 1 or size % p:
     raise ValueError(f"config.data.patch_size={p} must divide the {size}x{size} images" +
-                     (" (config.data.image_size)" if dataset != "digits" else ""))
+                     {"digits": "", "moving_digits": " (config.data.canvas_size)"}.get(
+                         dataset, " (config.data.image_size)"))
   if patch_dim < p * p:
     raise ValueError(f"config.data.patch_dim={patch_dim} is smaller than patch_size**2 "
                      f"= {p * p}")
-  options = tasks.TaskOptions(patch_size=p, patch_dim=patch_dim)
+  rotate = float(getattr(data_config, "rotate_degrees", 0.0))
+  scale = float(getattr(data_config, "scale_jitter", 0.0))
+  if not 0 <= rotate <= 45 or not 0 <= scale < 0.5:
+    raise ValueError(f"config.data.rotate_degrees={rotate} / scale_jitter={scale} out of "
+                     "range: use 0..45 degrees and 0..0.5")
+  options = tasks.TaskOptions(patch_size=p, patch_dim=patch_dim, num_frames=num_frames,
+                              canvas=size, rotate_degrees=rotate, scale_jitter=scale)
   if task_names is None:
     task_names = _task_mixture(data_config)[0]
-  if dataset == "digits":
+  for name in task_names:
+    media = tasks.get_task(name).media
+    if (media == "video") != (dataset == "moving_digits"):
+      raise ValueError(f"task {name!r} makes {media} examples, which "
+                       f"config.data.dataset={dataset!r} cannot: set its "
+                       "config.data.task_weights to 0" +
+                       (" (video tasks need dataset='moving_digits')"
+                        if media == "video" else ""))
+  if dataset in DIGIT_DATASETS:
     lengths = {name: tasks.max_example_length(name, options) for name in task_names}
     why = ""
   else:  # Opens and checks every file once (cached): errors surface here, not in grain.
@@ -190,7 +221,7 @@ def _task_mixture(data_config: Any) -> tuple[tuple[str, ...], np.ndarray]:
   weights = dict(data_config.task_weights)
   for name, w in weights.items():
     tasks.get_task(name)  # Unknown names raise, listing the known ones.
-    if data_config.dataset != "digits" and w > 0:
+    if data_config.dataset not in DIGIT_DATASETS and w > 0:
       user_data.check_task(name)
     if w < 0:
       raise ValueError(f"config.data.task_weights[{name!r}]={w} is negative")
@@ -216,12 +247,14 @@ class _ArrayPairs:
 
 def _build_fn(data_config: Any):
   """(task name, image, label or caption, options, rng, shift) -> example."""
-  return tasks.build_example if data_config.dataset == "digits" else user_data.build_example
+  return {"digits": tasks.build_example,
+          "moving_digits": moving_digits.build_example}.get(data_config.dataset,
+                                                            user_data.build_example)
 
 
 def _split_pairs(data_config: Any, heldout: bool):
   """pairs[i] -> (image [H, W], label or caption) of the train or held-out split."""
-  if data_config.dataset == "digits":
+  if data_config.dataset in DIGIT_DATASETS:  # moving digits: clips of the same digits
     train_x, train_y, held_x, held_y = digits.load_digits_split()
     return _ArrayPairs(held_x, held_y) if heldout else _ArrayPairs(train_x, train_y)
   if data_config.dataset in DATASETS:

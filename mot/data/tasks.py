@@ -14,6 +14,7 @@ import numpy as np
 
 from mot import tokenizer as tokenizer_lib
 from mot.data import digits
+from mot.data import moving_digits
 from mot.data.builder import SequenceBuilder
 
 QUESTION = "What digit is this?"
@@ -94,9 +95,14 @@ def interleaved_example(image: np.ndarray, label: int, patch_size: int,
 
 @dataclasses.dataclass(frozen=True)
 class TaskOptions:
-  """What every task needs besides the pair: how to cut images, how wide patches are."""
+  """What every task needs besides the pair: how to cut images, how wide patches are
+  (and, for the video tasks, how many frames a clip has on how large a canvas)."""
   patch_size: int
   patch_dim: int
+  num_frames: int = moving_digits.NUM_FRAMES
+  canvas: int = moving_digits.CANVAS
+  rotate_degrees: float = 0.0   # reading augmentation: random rotation up to ± this
+  scale_jitter: float = 0.0     # ... and random zoom by a factor in 1 ± this
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,10 +115,13 @@ class Task:
       length bounds, so `max_example_length` is exact.
     augment: training may shift the image first (`random_shift`); generation targets
       are never augmented, so samples stay centred like the data.
+    media: "image" (build takes an image [H, W]) or "video" (build takes a
+      `moving_digits.Clip`; only config.data.dataset="moving_digits" makes those).
   """
   build: Callable[[np.ndarray, int, TaskOptions, int], dict[str, np.ndarray]]
   num_variants: int = 1
   augment: bool = False
+  media: str = "image"
 
 
 def _generation(image, label, options: TaskOptions, variant: int):
@@ -135,11 +144,38 @@ def _interleaved(image, label, options: TaskOptions, variant: int):
   return interleaved_example(image, label, options.patch_size, options.patch_dim)
 
 
+def _video_generation(clip, label, options: TaskOptions, variant: int):
+  del variant
+  return moving_digits.video_generation_example(clip, label, options.patch_size,
+                                                options.patch_dim)
+
+
+def _video_qa(clip, label, options: TaskOptions, variant: int):
+  del variant
+  return moving_digits.video_qa_example(clip, label, options.patch_size, options.patch_dim)
+
+
+def _world_model(clip, label, options: TaskOptions, variant: int):
+  del label, variant  # The digit's identity is in the first frame, not in any text.
+  return moving_digits.world_model_example(clip, options.patch_size, options.patch_dim)
+
+
+def _inverse_dynamics(clip, label, options: TaskOptions, variant: int):
+  del label, variant
+  return moving_digits.inverse_dynamics_example(clip, options.patch_size,
+                                                options.patch_dim)
+
+
 TASKS: dict[str, Task] = {
     "generation": Task(_generation),
     "reasoning": Task(_reasoning, augment=True),
     "text": Task(_text, num_variants=len(TEXT_RELATIONS)),
     "interleaved": Task(_interleaved),
+    # Moving digits (config.data.dataset="moving_digits"; see mot.data.moving_digits).
+    "video_generation": Task(_video_generation, media="video"),
+    "video_qa": Task(_video_qa, media="video"),
+    "world_model": Task(_world_model, media="video"),
+    "inverse_dynamics": Task(_inverse_dynamics, media="video"),
 }
 
 
@@ -154,7 +190,12 @@ def build_example(name: str, image: np.ndarray, label: int, options: TaskOptions
                   rng: np.random.Generator, shift_pixels: int = 0) -> dict[str, np.ndarray]:
   """One training example of task `name`: draws its variant and augmentation from rng."""
   task = get_task(name)
+  if task.media != "image":
+    raise ValueError(f"task {name!r} makes {task.media} examples: train it with "
+                     "config.data.dataset='moving_digits'")
   variant = int(rng.integers(task.num_variants))
+  if task.augment and (options.rotate_degrees > 0 or options.scale_jitter > 0):
+    image = random_rotate_scale(image, options.rotate_degrees, options.scale_jitter, rng)
   if task.augment and shift_pixels > 0:
     image = random_shift(image, shift_pixels, rng)
   return task.build(image, int(label), options, variant)
@@ -162,11 +203,43 @@ def build_example(name: str, image: np.ndarray, label: int, options: TaskOptions
 
 def max_example_length(name: str, options: TaskOptions,
                        image_shape: tuple[int, int] = (8, 8)) -> int:
-  """Longest example task `name` can produce for images of image_shape (all labels)."""
+  """Longest example task `name` can produce for images of image_shape (all labels);
+  a video task's clips have options.num_frames frames on options.canvas."""
   task = get_task(name)
-  blank = np.full(image_shape, digits.BACKGROUND, np.float32)
+  if task.media == "video":  # Longest caption/answer: the longest direction name.
+    blank = moving_digits.blank_clip(options.num_frames, options.canvas)
+    blank = moving_digits.Clip(blank.frames, blank.actions, blank.offsets,
+                               max(moving_digits.DIRECTION_NAMES, key=len))
+  else:
+    blank = np.full(image_shape, digits.BACKGROUND, np.float32)
   return max(len(task.build(blank, label, options, v)["tokens"])
              for label in range(10) for v in range(task.num_variants))
+
+
+def random_rotate_scale(image: np.ndarray, max_degrees: float, scale_jitter: float,
+                        rng: np.random.Generator) -> np.ndarray:
+  """float [H, W] image rotated by U(±max_degrees) and zoomed by U(1 ± scale_jitter)
+  about its centre, bilinearly resampled; pixels from outside are BACKGROUND.
+
+  The held-out digits come from unseen writers, whose slant and size differ: this is
+  the augmentation that closes most of the reading task's train/held-out gap.
+  """
+  h, w = image.shape
+  angle = np.deg2rad(rng.uniform(-max_degrees, max_degrees))
+  scale = rng.uniform(1 - scale_jitter, 1 + scale_jitter)
+  cy, cx = (h - 1) / 2, (w - 1) / 2
+  yy, xx = np.mgrid[0:h, 0:w].astype(np.float64)
+  # Inverse map: output pixel -> source coordinates.
+  cos, sin = np.cos(angle) / scale, np.sin(angle) / scale
+  sy = cy + cos * (yy - cy) - sin * (xx - cx)
+  sx = cx + sin * (yy - cy) + cos * (xx - cx)
+  padded = np.pad(np.asarray(image, np.float64), 1, constant_values=digits.BACKGROUND)
+  sy, sx = np.clip(sy + 1, 0, h + 1), np.clip(sx + 1, 0, w + 1)
+  y0, x0 = np.minimum(np.floor(sy).astype(int), h), np.minimum(np.floor(sx).astype(int), w)
+  fy, fx = sy - y0, sx - x0
+  out = ((1 - fy) * (1 - fx) * padded[y0, x0] + (1 - fy) * fx * padded[y0, x0 + 1]
+         + fy * (1 - fx) * padded[y0 + 1, x0] + fy * fx * padded[y0 + 1, x0 + 1])
+  return out.astype(np.float32)
 
 
 def random_shift(image: np.ndarray, max_shift: int, rng: np.random.Generator) -> np.ndarray:
