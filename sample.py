@@ -6,6 +6,15 @@
   python sample.py --workdir runs/digits --mode think_then_draw \\
       --prompt "draw the digit after 3:" --out samples/
 
+Video checkpoints (configs/moving_digits.py): generate writes one GIF per clip; reason
+reads each --images item (a GIF, or a folder of frame images) as one clip; --actions
+with --images FIRST_FRAME.png runs the world model (action-conditioned prediction):
+  python sample.py --workdir runs/moving --mode generate \\
+      --prompt "a handwritten digit 3 moving right" --num_samples 4 --out clips/
+  python sample.py --workdir runs/moving --mode reason --images clips/clip_0000.gif
+  python sample.py --workdir runs/moving --mode generate --images first.png \\
+      --actions right,right,right,down,down,down,down --out predicted/
+
 All logic lives in mot.pipeline (`mot.Pipeline`, `run_sample`).
 """
 from absl import flags
@@ -19,7 +28,9 @@ flags.DEFINE_enum("mode", "reason", ["reason", "generate", "think_then_draw"],
                   "reason: answer about images; generate: draw images; think_then_draw: "
                   "answer, then draw the answer.")
 flags.DEFINE_multi_string("images", [], "Image files and folders to reason about "
-                          "(--mode reason; any size and colour mode).")
+                          "(--mode reason; any size and colour mode). Video checkpoints: "
+                          "each item is one clip (a GIF or a folder of frames); with "
+                          "--actions, the first frame(s) to predict from.")
 flags.DEFINE_multi_string("prompt", [], "Prompt text; repeat for several (reason default: "
                           "'What digit is this?').")
 flags.DEFINE_bool("json", False, "Print one JSON object per answer or sample.")
@@ -31,6 +42,14 @@ flags.DEFINE_float("cfg_scale", None, "Classifier-free guidance scale; 1 = condi
                    "(default: the config's sample.cfg_scale).")
 flags.DEFINE_enum("sampler", None, ["euler", "heun"], "ODE sampler (default: the config's "
                   "sample.sampler).")
+flags.DEFINE_string("actions", None, "Video checkpoints, --mode generate: the action chunk "
+                    "for action-conditioned prediction from --images FIRST_FRAME.png. "
+                    "Either comma-separated steps of one pixel, from right, left, up, "
+                    "down, stay (e.g. right,right,up), or a .json file ([[dx, dy], ...]) "
+                    "or .npy file (float [K, 2]) of (dx, dy) pixel steps, y pointing down. "
+                    "K actions give a clip of K + 1 frames.")
+flags.DEFINE_integer("num_frames", None, "Video checkpoints, --mode generate from a "
+                     "--prompt: frames per clip (default: the config's data.num_frames).")
 flags.DEFINE_integer("seed", 0, "Seed of the noise and of token sampling; fixed seed, same output.")
 flags.mark_flag_as_required("workdir")
 
@@ -46,7 +65,8 @@ def main(argv):
     from mot import pipeline  # pylint: disable=g-import-not-at-top
     pipeline.run_sample(FLAGS.workdir, FLAGS.mode, images, FLAGS.prompt, FLAGS.json,
                         FLAGS.num_samples, FLAGS.out, FLAGS.steps, FLAGS.cfg_scale,
-                        FLAGS.sampler, FLAGS.seed)
+                        FLAGS.sampler, FLAGS.seed, actions=FLAGS.actions,
+                        num_frames=FLAGS.num_frames)
 
 
 if __name__ == "__main__":

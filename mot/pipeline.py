@@ -5,6 +5,14 @@
   pipe.generate("a handwritten digit 7", num_samples=4)       # -> float32 [4, 8, 8] in [0, 1]
   pipe.think_then_draw("draw the digit after 3:")            # -> ("4", [1, 8, 8] image)
 
+A moving-digits checkpoint (config.data.dataset="moving_digits") works on clips:
+
+  video = mot.Pipeline.from_workdir("runs/moving")
+  video.generate("a handwritten digit 3 moving right", num_frames=8)  # -> [1, 8, 16, 16]
+  video.predict(first_frame, "right,right,up")      # world model -> [1, 4, 16, 16]
+  video.infer_actions(clip)                         # inverse dynamics -> [1, T - 1, 2]
+  video.reason("Which digit moves, and where?", video=clip)   # -> "3, right"
+
 Prompts use the training layouts of `mot.data.tasks` (BOS, clean image, question for
 reading; BOS, caption as conditioning, noised image for drawing), built by the same
 `SequenceBuilder`. Images come in as arrays (digits scale [0, 16] or [0, 1]), paths or
@@ -30,7 +38,10 @@ from mot.data.builder import SequenceBuilder
 DEFAULT_QUESTION = "What digit is this?"   # = mot.data.tasks.QUESTION (not imported: cheap)
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp",
                     ".pgm", ".ppm", ".pbm")
-IMAGE_SIZES = {"digits": 8}               # config.data.dataset -> model image side
+IMAGE_SIZES = {"digits": 8, "moving_digits": 16}  # config.data.dataset -> image side
+VIDEO_QUESTION = "Which digit moves, and where?"  # = mot.data.moving_digits.QUESTION
+GIF_SCALE = 8                             # GIF pixels per model pixel
+GIF_FRAME_MS = 150                        # GIF frame duration
 MAX_DECODE_BATCH = 256                    # rows per jitted decode call
 MAX_SAMPLE_BATCH = 128                    # samples per jitted denoise call (x2 with CFG)
 _TOKENIZER = tokenizer_lib.Tokenizer()
@@ -165,6 +176,41 @@ def save_png(path: str, image01: np.ndarray, scale: int = 1) -> None:
   img.save(path)
 
 
+def save_gif(path: str, frames01: np.ndarray, scale: int = GIF_SCALE,
+             duration_ms: int = GIF_FRAME_MS) -> None:
+  """Writes float [T, H, W] in [0, 1] as a looping grayscale GIF, upscaled by `scale`.
+
+  Pillow merges consecutive identical frames into one longer frame; `load_clip` then
+  reads fewer frames back.
+  """
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  pixels = np.round(np.clip(frames01, 0, 1) * 255).astype(np.uint8)
+  pixels = np.repeat(np.repeat(pixels, scale, axis=1), scale, axis=2)
+  images = [Image.fromarray(f, mode="L") for f in pixels]
+  images[0].save(path, save_all=True, append_images=images[1:], duration=duration_ms,
+                 loop=0)
+
+
+def load_clip(source: str, size: int | None) -> np.ndarray:
+  """float32 [T, size, size] in [0, 1]: the frames of a GIF (or other multi-frame image)
+  or of a folder's image files (sorted by name), each read as `load_image` reads one."""
+  from PIL import Image, ImageSequence, UnidentifiedImageError  # pylint: disable=g-import-not-at-top
+  name = os.fspath(source)
+  if os.path.isdir(name):
+    return np.stack([load_image(p, size) for p in image_paths([name])])
+  if not os.path.isfile(name):
+    raise InputError(f"clip {name} does not exist")
+  try:
+    with Image.open(name) as opened:
+      frames = [f.convert("RGBA").copy() for f in ImageSequence.Iterator(opened)]
+  except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
+    raise InputError(f"{name} is not an image Pillow can read ({type(e).__name__})"
+                     ) from None
+  if size is None:
+    size = frames[0].height
+  return np.stack([load_image(f, size) for f in frames])
+
+
 def grid(images: np.ndarray, rows: int, gap: int = 1, scale: int = 8) -> np.ndarray:
   """float [rows * cols, H, W] -> one [R, C] mosaic image, cells upscaled by `scale`."""
   n, h, w = images.shape
@@ -184,10 +230,14 @@ def grid(images: np.ndarray, rows: int, gap: int = 1, scale: int = 8) -> np.ndar
 # ----------------------------------------------------------------------------------------
 def complete_config(saved: dict) -> Any:
   """ConfigDict of a checkpoint's saved config, with fields added to configs/digits.py
-  since it was saved filled in from that file's defaults (for its saved variant)."""
+  (configs/moving_digits.py for a moving-digits run) since it was saved filled in from
+  that file's defaults (for its saved variant)."""
+  import importlib  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top
+  dataset = (saved.get("data") or {}).get("dataset")
   try:
-    from configs import digits as default_config  # pylint: disable=g-import-not-at-top
+    default_config = importlib.import_module(
+        "configs.moving_digits" if dataset == "moving_digits" else "configs.digits")
     base = default_config.get_config(saved.get("variant") or "").to_dict()
   except Exception:  # pylint: disable=broad-except  (not run from the repo: saved as is)
     base = {}
@@ -252,7 +302,11 @@ class Pipeline:
     self.params = params
     self.step = step
     self.patch_size = int(config.data.patch_size)
-    self.image_size = int(config.data.get("image_size", IMAGE_SIZES.get(config.data.dataset, 8)))
+    self.is_video = config.data.dataset == "moving_digits"
+    self.image_size = int(config.data.get(
+        "canvas_size" if self.is_video else "image_size",
+        IMAGE_SIZES.get(config.data.dataset, 8)))
+    self.num_frames = int(config.data.get("num_frames", 8))
     self.context_length = int(config.data.seq_len)
     sample = config.get("sample") or {}
     self.default_steps = int(sample.get("steps", 32))
@@ -315,6 +369,73 @@ class Pipeline:
                 noised=True)
     return b.build()
 
+  def _blank_frames(self, n: int) -> np.ndarray:
+    side = self.image_size
+    return digits.patchify(np.zeros((n, side, side), np.float32), self.patch_size)
+
+  def video_generation_example(self, text: str, num_frames: int) -> dict[str, np.ndarray]:
+    """BOS, text as conditioning, a noised clip of num_frames frames (caption -> clip)."""
+    b = SequenceBuilder(self.model_cfg.patch_dim)
+    b.add_text([tokenizer_lib.BOS])
+    b.add_text(self._encode(text), cond=True)
+    b.add_video(self._blank_frames(num_frames), noised=True)
+    return b.build()
+
+  def world_model_example(self, first_frame: np.ndarray, actions: np.ndarray
+                          ) -> dict[str, np.ndarray]:
+    """BOS, [first frame [H, W] in [0, 1]], [actions [K, 2]], K noised frames."""
+    b = SequenceBuilder(self.model_cfg.patch_dim)
+    b.add_text([tokenizer_lib.BOS])
+    b.add_video(digits.patchify(to_model_scale(first_frame[None]), self.patch_size),
+                noised=False, cond=True)
+    b.add_action(np.asarray(actions, np.float32), noised=False, cond=True)
+    b.add_video(self._blank_frames(len(actions)), noised=True)
+    return b.build()
+
+  def inverse_dynamics_example(self, clip: np.ndarray) -> dict[str, np.ndarray]:
+    """BOS, [clip [T, H, W] in [0, 1]], "actions:", T - 1 noised actions."""
+    b = SequenceBuilder(self.model_cfg.patch_dim)
+    b.add_text([tokenizer_lib.BOS])
+    b.add_video(digits.patchify(to_model_scale(clip), self.patch_size), noised=False,
+                cond=True)
+    b.add_text(self._encode("actions:"))  # = mot.data.moving_digits.ACTIONS_PROMPT
+    b.add_action(np.zeros((len(clip) - 1, self.model_cfg.modality_patch_dims[3]),
+                          np.float32), noised=True)
+    return b.build()
+
+  def _require_video(self, what: str) -> None:
+    if not self.is_video:
+      raise InputError(f"{what} needs a video checkpoint (config.data.dataset="
+                       f"'moving_digits'); this one was trained on "
+                       f"{self.config.data.dataset!r}")
+
+  def _frames_arg(self, num_frames) -> int:
+    num_frames = self.num_frames if num_frames is None else num_frames
+    if not (isinstance(num_frames, (int, np.integer)) and num_frames >= 1):
+      raise InputError(f"num_frames={num_frames!r} must be a positive integer")
+    return int(num_frames)
+
+  def _clips(self, video: Any) -> np.ndarray:
+    """float32 [N, T, S, S] in [0, 1] from frames [T, H, W] / clips [N, T, H, W] (digits
+    scale 0..16 or 0..1), or a GIF path / folder of frames (or a list of them)."""
+    if isinstance(video, (str, os.PathLike)):
+      return load_clip(video, self.image_size)[None]
+    if isinstance(video, (list, tuple)) and video and isinstance(video[0], (str, os.PathLike)):
+      clips = [load_clip(v, self.image_size) for v in video]
+      if len({len(c) for c in clips}) != 1:
+        raise InputError(f"clips have different frame counts {[len(c) for c in clips]}: "
+                         "give clips of one length per call")
+      return np.stack(clips)
+    arr = np.asarray(video, np.float32)
+    if arr.ndim == 3:
+      arr = arr[None]
+    if arr.ndim != 4 or arr.size == 0:
+      raise InputError(f"video must be frames [T, H, W] or clips [N, T, H, W], got shape "
+                       f"{arr.shape}")
+    n, t = arr.shape[:2]
+    frames = to_unit_images(arr.reshape(n * t, *arr.shape[2:]), self.image_size)[0]
+    return frames.reshape(n, t, self.image_size, self.image_size)
+
   # -------------------------------------------------------------------------- reason ----
   def reason(self, prompt: str | Sequence[str] = DEFAULT_QUESTION, images: Any = None,
              video: Any = None, max_new_tokens: int = 16, temperature: float = 0.0,
@@ -326,7 +447,8 @@ class Pipeline:
       images: None; an array [H, W] / [N, H, W] (digits scale 0..16, or 0..1); a path,
         PIL image, or a list of them. With N images and one prompt, one answer per image;
         with N prompts, image i goes with prompt i.
-      video: None or frames [T, H, W] (same scales), one clip for every prompt.
+      video: None; frames [T, H, W] (same scales), one clip for every prompt; clips
+        [N, T, H, W] (or GIF paths / frame folders), one answer per clip as for images.
       max_new_tokens: most tokens per answer; decoding stops at EOS.
       temperature: 0 is greedy; otherwise top_k (0 = off) and top_p (1 = off) filter.
       seed: sampling seed (row i always draws from the same stream).
@@ -338,20 +460,25 @@ class Pipeline:
     seed = _check_seed(seed)
     unit, single_image = (None, True) if images is None else to_unit_images(
         images, self.image_size)
-    clip = None
-    if video is not None:
-      clip = np.asarray(video, np.float32)
-      if clip.ndim != 3:
-        raise InputError(f"video must be frames [T, H, W], got shape {clip.shape}")
-      clip = to_unit_images(clip, self.image_size)[0]
+    clips = None if video is None else self._clips(video)
+    if clips is not None and unit is not None:
+      raise InputError("give images or a video, not both")
+    if clips is not None and len(clips) > 1:
+      unit, single_image = None, False
+      if len(prompts) not in (1, len(clips)):
+        raise InputError(f"{len(prompts)} prompts for {len(clips)} clips: give one "
+                         "prompt, or one per clip")
     if unit is not None and len(prompts) not in (1, len(unit)):
       raise InputError(f"{len(prompts)} prompts for {len(unit)} images: give one prompt, "
                        "or one per image")
     n = len(prompts) if unit is None else len(unit)
+    if clips is not None and len(clips) > 1:
+      n = len(clips)
     examples = []
     for i in range(n):
       text = prompts[i if len(prompts) > 1 else 0]
       image = None if unit is None else unit[i]
+      clip = None if clips is None else clips[i if len(clips) > 1 else 0]
       ex = self.reasoning_prompt(text, image, clip)
       self._check_length(len(ex["tokens"]), max_new_tokens, "prompt plus answer")
       examples.append(ex)
@@ -407,24 +534,93 @@ class Pipeline:
 
   def generate(self, prompt: str | Sequence[str], num_samples: int = 1,
                steps: int | None = None, cfg_scale: float | None = None,
-               sampler: str | None = None, seed: int = 0) -> np.ndarray:
+               sampler: str | None = None, seed: int = 0,
+               num_frames: int | None = None) -> np.ndarray:
     """Draws images with the DM head: float32 [len(prompts) * num_samples, H, W] in [0, 1].
 
     Samples are prompt-major (all of prompt 0's, then prompt 1's, ...). `steps`,
     `cfg_scale` and `sampler` default to `config.sample`. Sample k's starting noise
     depends only on (seed, k): a fixed seed reproduces the output exactly.
+    A video checkpoint draws clips instead: float32 [N, num_frames, H, W] (num_frames
+    defaults to config.data.num_frames, the length it trained on).
     """
     prompts, _ = _as_list(prompt)
     steps, cfg_scale, sampler = self._check_sampling(num_samples, steps, cfg_scale, sampler)
     seed = _check_seed(seed)
-    examples = [self.generation_example(p) for p in prompts]
-    return self._draw(examples, num_samples, steps, cfg_scale, sampler, seed)
+    if not self.is_video:
+      if num_frames is not None:
+        self._require_video("num_frames")
+      examples = [self.generation_example(p) for p in prompts]
+      return self._draw(examples, num_samples, steps, cfg_scale, sampler, seed)
+    t = self._frames_arg(num_frames)
+    examples = [self.video_generation_example(p, t) for p in prompts]
+    x0 = self._denoise(examples, num_samples, steps, cfg_scale, sampler, seed)
+    return self._to_clips(x0, t)
+
+  def predict(self, first_frames: Any, actions: Any, num_samples: int = 1,
+              steps: int | None = None, cfg_scale: float | None = None,
+              sampler: str | None = None, seed: int = 0) -> np.ndarray:
+    """World model: first frame(s) + an action chunk -> the clip that follows.
+
+    Args:
+      first_frames: an image [H, W] / images [N, H, W] (digits scale 0..16, or 0..1), a
+        path or a list of them (as `reason`'s images).
+      actions: float [K, 2] (dx, dy) per step in pixels, or a string such as
+        "right,right,up" (`mot.data.moving_digits.parse_actions`), shared by every frame;
+        or [N, K, 2], one chunk per first frame.
+    Returns:
+      float32 [N * num_samples, K + 1, H, W] in [0, 1]: the given first frame, then the
+      K predicted frames (frame-major per first frame, as `generate` is prompt-major).
+    """
+    from mot.data import moving_digits  # pylint: disable=g-import-not-at-top
+    self._require_video("predict")
+    steps, cfg_scale, sampler = self._check_sampling(num_samples, steps, cfg_scale, sampler)
+    seed = _check_seed(seed)
+    if isinstance(actions, str):
+      try:
+        actions = moving_digits.parse_actions(actions)
+      except ValueError as e:
+        raise InputError(str(e)) from None
+    actions = np.asarray(actions, np.float32)
+    frames, _ = to_unit_images(first_frames, self.image_size)
+    if actions.ndim == 2:
+      actions = np.broadcast_to(actions, (len(frames), *actions.shape))
+    if (actions.ndim != 3 or actions.shape[0] != len(frames) or actions.shape[1] < 1
+        or actions.shape[2] != 2):
+      raise InputError(f"actions must be [K, 2] (dx, dy) steps, or [N, K, 2] for N first "
+                       f"frames; got shape {actions.shape} for {len(frames)} frames")
+    if not np.all(np.isfinite(actions)):
+      raise InputError("actions hold non-finite values")
+    examples = [self.world_model_example(f, a) for f, a in zip(frames, actions)]
+    x0 = self._denoise(examples, num_samples, steps, cfg_scale, sampler, seed)
+    predicted = self._to_clips(x0, actions.shape[1])
+    first = np.repeat(frames, num_samples, axis=0)[:, None]
+    return np.concatenate([first, predicted], axis=1)
+
+  def infer_actions(self, video: Any, steps: int | None = None, sampler: str | None = None,
+                    seed: int = 0) -> np.ndarray:
+    """Inverse dynamics: clip(s) [T, H, W] / [N, T, H, W] (or GIF paths) -> float32
+    [N, T - 1, 2] (dx, dy) actions drawn by the DM head (no guidance)."""
+    self._require_video("infer_actions")
+    steps, _, sampler = self._check_sampling(1, steps, 1.0, sampler)
+    seed = _check_seed(seed)
+    clips = self._clips(video)
+    if clips.shape[1] < 2:
+      raise InputError("a clip needs at least 2 frames to have actions")
+    examples = [self.inverse_dynamics_example(c) for c in clips]
+    x0 = self._denoise(examples, 1, steps, 1.0, sampler, seed)
+    return x0[..., :self.model_cfg.modality_patch_dims[3]].astype(np.float32)
 
   def _draw(self, examples, num_samples, steps, cfg_scale, sampler, seed) -> np.ndarray:
+    return self._to_images(self._denoise(examples, num_samples, steps, cfg_scale, sampler,
+                                         seed))
+
+  def _denoise(self, examples, num_samples, steps, cfg_scale, sampler, seed) -> np.ndarray:
+    """float32 [len(examples) * num_samples, M, P]: each example's dm_mask block drawn."""
     from mot import sampling  # pylint: disable=g-import-not-at-top
     prefixes, blocks = [], []
     for ex in examples:
-      self._check_length(len(ex["tokens"]), 1, "prompt plus image")  # + EOS
+      self._check_length(len(ex["tokens"]), 1, "prompt plus generated block")  # + EOS
       prefix, block = sampling.split_block(ex)
       prefixes += [prefix] * num_samples
       blocks += [block] * num_samples
@@ -439,7 +635,13 @@ class Pipeline:
       x0 = sampling.denoise(self.model, self.params, prefix, block, noise, steps,
                             cfg_scale, sampler, self.time_shift)
       out.append(x0[:stop - start])
-    return self._to_images(np.concatenate(out))
+    return np.concatenate(out)
+
+  def _to_clips(self, patches: np.ndarray, num_frames: int) -> np.ndarray:
+    """[N, T * g * g, P] model-scale patches -> float32 [N, T, H, W] in [0, 1]."""
+    n = len(patches)
+    frames = self._to_images(patches.reshape(n * num_frames, -1, patches.shape[-1]))
+    return frames.reshape(n, num_frames, *frames.shape[1:])
 
   def _to_images(self, patches: np.ndarray) -> np.ndarray:
     """[N, M, P] model-scale patches -> float32 [N, H, W] in [0, 1]."""
@@ -461,6 +663,9 @@ class Pipeline:
     image. Returns (answer or list of answers, float32 [len(prompts) * num_samples, H, W]).
     """
     prompts, single = _as_list(prompt)
+    if self.is_video:
+      raise InputError("think_then_draw draws images; this is a video checkpoint: use "
+                       "generate, predict or reason")
     self._check_decoding(max_new_tokens, temperature, top_k, top_p)
     steps, cfg_scale, sampler = self._check_sampling(num_samples, steps, cfg_scale, sampler)
     seed = _check_seed(seed)
@@ -505,27 +710,71 @@ def write_samples(out: str, images: np.ndarray, records: list[dict], rows: int,
   return records
 
 
+def write_clips(out: str, clips: np.ndarray, records: list[dict], settings: dict
+                ) -> list[dict]:
+  """One GIF per clip [T, H, W], grid.png (one row per clip, one column per frame) and
+  manifest.json in `out`."""
+  os.makedirs(out, exist_ok=True)
+  for clip, record in zip(clips, records):
+    save_gif(os.path.join(out, record["file"]), clip)
+  n, t = clips.shape[:2]
+  save_png(os.path.join(out, "grid.png"), grid(clips.reshape(n * t, *clips.shape[2:]), n))
+  manifest = dict(settings, grid="grid.png", samples=records)
+  with open(os.path.join(out, "manifest.json"), "w") as f:
+    json.dump(manifest, f, indent=1)
+  return records
+
+
+def _parse_actions(actions: str) -> np.ndarray:
+  from mot.data import moving_digits  # pylint: disable=g-import-not-at-top
+  try:
+    return moving_digits.parse_actions(actions)
+  except ValueError as e:
+    raise InputError(str(e)) from None
+
+
 def run_sample(workdir: str, mode: str, images: Sequence[str] = (),
                prompts: Sequence[str] = (), as_json: bool = False, num_samples: int = 1,
                out: str | None = None, steps: int | None = None,
                cfg_scale: float | None = None, sampler: str | None = None, seed: int = 0,
-               stdout=None) -> None:
+               stdout=None, actions: str | None = None,
+               num_frames: int | None = None) -> None:
   """sample.py: validates every input, loads the checkpoint, samples, then writes.
 
   Nothing is written (files or stdout) before all inputs are checked and all sampling
   has succeeded; every user error is an InputError / CheckpointError with one line.
+  Video checkpoints: --mode generate writes one GIF per clip (caption -> clip, or with
+  `actions` and --images FIRST_FRAME the world model's prediction); --mode reason reads
+  each --images item (a GIF or a folder of frames) as one clip.
   """
   stdout = stdout or sys.stdout
   # ---- Inputs first: cheap checks before the checkpoint is read. ----
   if mode not in MODES:
     raise InputError(f"--mode {mode!r} is unknown: use one of {MODES}")
-  prompts = list(prompts) or ([DEFAULT_QUESTION] if mode == "reason" else [])
-  if not prompts:
+  action_array = None
+  if actions is not None:
+    if mode != "generate":
+      raise InputError(f"--actions is for --mode generate (with --images FIRST_FRAME), "
+                       f"not {mode}")
+    action_array = _parse_actions(actions)
+    if not images:
+      raise InputError("--actions needs the first frame(s): give --images FIRST_FRAME.png")
+    if prompts:
+      raise InputError("--actions predicts from a first frame, not a --prompt: drop --prompt")
+  if num_frames is not None and (mode != "generate" or actions is not None):
+    raise InputError("--num_frames is for --mode generate from a --prompt (with --actions "
+                     "the clip has one frame per action plus the first)")
+  if num_frames is not None and num_frames < 1:
+    raise InputError(f"--num_frames={num_frames} must be >= 1")
+  prompts = list(prompts)
+  if not prompts and mode != "reason" and action_array is None:
     raise InputError(f"--mode {mode} needs --prompt")
-  _as_list(prompts)
+  if prompts:
+    _as_list(prompts)
   _check_seed(seed)
-  if images and mode != "reason":
-    raise InputError(f"--images is for --mode reason, not {mode}")
+  if images and mode != "reason" and action_array is None:
+    raise InputError(f"--images is for --mode reason (or --mode generate with --actions), "
+                     f"not {mode}")
   if mode != "reason":
     if num_samples < 1:
       raise InputError(f"--num_samples={num_samples} must be >= 1")
@@ -539,6 +788,12 @@ def run_sample(workdir: str, mode: str, images: Sequence[str] = (),
 
   # ---- Model. ----
   pipe = Pipeline.from_workdir(workdir)
+  if not pipe.is_video and (action_array is not None or num_frames is not None):
+    pipe._require_video("--actions" if action_array is not None else "--num_frames")  # pylint: disable=protected-access
+  if pipe.is_video:
+    return _run_video(pipe, workdir, mode, images, prompts, as_json, num_samples, out,
+                      steps, cfg_scale, sampler, seed, stdout, action_array, num_frames)
+  prompts = prompts or [DEFAULT_QUESTION]
   settings = {"workdir": os.path.abspath(workdir), "checkpoint_step": pipe.step,
               "mode": mode, "seed": seed}
 
@@ -550,11 +805,7 @@ def run_sample(workdir: str, mode: str, images: Sequence[str] = (),
     else:
       pairs = [(None, p) for p in prompts]
       answers = pipe.reason(list(prompts), seed=seed)
-    for (path, p), a in zip(pairs, answers):
-      if as_json:
-        print(json.dumps({"image": path, "prompt": p, "answer": a}), file=stdout)
-      else:
-        print(f"{path if path is not None else p}\t{a}", file=stdout)
+    _print_answers(pairs, answers, as_json, stdout, "image")
     return
 
   steps, cfg_scale, sampler = pipe._check_sampling(num_samples, steps, cfg_scale, sampler)  # pylint: disable=protected-access
@@ -575,11 +826,72 @@ def run_sample(workdir: str, mode: str, images: Sequence[str] = (),
       record["answer"] = answers[i]
     records.append(record)
   write_samples(out, images_out, records, len(prompts), settings)
-  for record in records:
-    if as_json:
-      print(json.dumps(dict(record, file=os.path.join(out, record["file"]))), file=stdout)
+  _print_records(out, records, as_json, stdout)
   if not as_json:
     if answers is not None:
       for p, a in zip(prompts, answers):
         print(f"{p}\t{a}", file=stdout)
     print(f"wrote {len(records)} samples, grid.png and manifest.json to {out}", file=stdout)
+
+
+def _print_answers(pairs, answers, as_json, stdout, key) -> None:
+  for (path, p), a in zip(pairs, answers):
+    if as_json:
+      print(json.dumps({key: path, "prompt": p, "answer": a}), file=stdout)
+    else:
+      print(f"{path if path is not None else p}\t{a}", file=stdout)
+
+
+def _print_records(out, records, as_json, stdout) -> None:
+  for record in records:
+    if as_json:
+      print(json.dumps(dict(record, file=os.path.join(out, record["file"]))), file=stdout)
+
+
+def _run_video(pipe: Pipeline, workdir, mode, items, prompts, as_json, num_samples, out,
+               steps, cfg_scale, sampler, seed, stdout, actions, num_frames) -> None:
+  """run_sample for a video checkpoint (inputs already checked)."""
+  settings = {"workdir": os.path.abspath(workdir), "checkpoint_step": pipe.step,
+              "mode": mode, "seed": seed}
+  if mode == "think_then_draw":
+    raise InputError("--mode think_then_draw draws images; this is a video checkpoint: "
+                     "use --mode generate or --mode reason")
+  if mode == "reason":
+    prompts = prompts or [VIDEO_QUESTION]
+    clips = [load_clip(item, pipe.image_size) for item in items]  # each item: one clip
+    if clips:
+      pairs = [(item, p) for item in items for p in prompts]
+      answers = []
+      for clip in clips:  # clips may differ in length: one batched call per clip
+        answers += pipe.reason(list(prompts), video=clip, seed=seed)
+    else:
+      pairs = [(None, p) for p in prompts]
+      answers = pipe.reason(list(prompts), seed=seed)
+    _print_answers(pairs, answers, as_json, stdout, "clip")
+    return
+  steps, cfg_scale, sampler = pipe._check_sampling(num_samples, steps, cfg_scale, sampler)  # pylint: disable=protected-access
+  settings.update(steps=steps, cfg_scale=cfg_scale, sampler=sampler)
+  records = []
+  if actions is not None:
+    paths = image_paths(items)
+    first = [load_image(p, pipe.image_size) for p in paths]
+    clips = pipe.predict(np.stack(first), actions, num_samples, steps, cfg_scale, sampler,
+                         seed)
+    settings["actions"] = actions.tolist()
+    for k in range(len(clips)):
+      i, s = divmod(k, num_samples)
+      records.append({"file": f"clip_{k:04d}.gif", "first_frame": paths[i],
+                      "first_frame_index": i, "sample_index": s})
+  else:
+    clips = pipe.generate(prompts, num_samples, steps, cfg_scale, sampler, seed,
+                          num_frames=num_frames)
+    for k in range(len(clips)):
+      i, s = divmod(k, num_samples)
+      records.append({"file": f"clip_{k:04d}.gif", "prompt": prompts[i], "prompt_index": i,
+                      "sample_index": s})
+  settings["num_frames"] = int(clips.shape[1])
+  write_clips(out, clips, records, settings)
+  _print_records(out, records, as_json, stdout)
+  if not as_json:
+    print(f"wrote {len(records)} clips (GIF), grid.png and manifest.json to {out}",
+          file=stdout)
