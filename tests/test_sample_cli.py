@@ -23,15 +23,15 @@ from mot import pipeline
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def write_checkpoint(workdir, steps=(2,)):
-  """Checkpoints of the tiny config (random parameters) in training's on-disk format:
-  {"state": TrainState, "rng": key} + config JSON, through `mot.checkpoint.save`."""
+def write_checkpoint(workdir, steps=(2,), config=None):
+  """Checkpoints of the tiny config (or `config`; random parameters) in training's on-disk
+  format: {"state": TrainState, "rng": key} + config JSON, through `mot.checkpoint.save`."""
   import flax.linen as nn
   from configs import digits as digits_config
   from mot import config as config_lib
   from mot import train_lib
   from mot.model import MoT
-  config = digits_config.get_config("tiny")
+  config = digits_config.get_config("tiny") if config is None else config
   model = MoT(config_lib.validate(config))
   init = train_lib.init_state_fn(model, train_lib.make_optimizer(config), 8)
   shapes = nn.meta.unbox(jax.eval_shape(init, jax.random.PRNGKey(0)))

@@ -1,0 +1,360 @@
+"""Moving digits: clips, video/action layouts and M-RoPE positions, the world model's
+cached sampling, Pipeline/sample.py on clips, the video evaluation and a tiny training run.
+
+Model tests use random parameters of configs/moving_digits.py:tiny (3-frame clips), as
+tests/test_sampling.py does for images: layouts and numerics, not sample quality.
+"""
+import functools
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from PIL import Image
+
+from mot import evaluate, modalities, pipeline, sampling, tokenizer
+from mot.data import digits, moving_digits, tasks
+from mot.data import pipeline as data_pipeline
+from mot.model import inputs_from_batch
+from tests.test_sampling import _as_batch, random_params
+from tests.test_sample_cli import write_checkpoint
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+P = 4          # patch size of configs/moving_digits.py
+G = 16 // P    # patches per frame side
+
+
+def _digit(i=0):
+  return digits.load_digits_split()[0][i]
+
+
+# ----------------------------------------------------------------------------------------
+# Clips.
+# ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("direction", moving_digits.DIRECTION_NAMES)
+def test_constant_clip_moves_one_pixel_a_frame_on_the_canvas(direction):
+  image = _digit(3)
+  clip = moving_digits.constant_clip(image, direction, np.random.default_rng(0))
+  assert clip.frames.shape == (8, 16, 16) and clip.actions.shape == (7, 2)
+  dx, dy = moving_digits.DIRECTIONS[direction]
+  np.testing.assert_array_equal(clip.actions, np.tile([dx, dy], (7, 1)))
+  for f, (r, c) in enumerate(clip.offsets):
+    assert 0 <= r <= 8 and 0 <= c <= 8
+    np.testing.assert_array_equal(clip.frames[f, r:r + 8, c:c + 8], image)
+    assert np.sum(clip.frames[f] > -1) == np.sum(image > -1)  # nothing else drawn
+  np.testing.assert_array_equal(np.diff(clip.offsets, axis=0), np.tile([dy, dx], (7, 1)))
+  # The judge measures the commanded motion exactly on real clips.
+  px = digits.to_pixels(clip.frames)[None]
+  assert evaluate.motion_error(px, clip.actions[None]) < 1e-9
+  assert evaluate.motion_error(px, -clip.actions[None]) > 1.0
+
+
+def test_clips_are_deterministic_and_random_walks_stay_on_the_canvas():
+  image = _digit(5)
+  a = moving_digits.random_walk_clip(image, np.random.default_rng(7))
+  b = moving_digits.random_walk_clip(image, np.random.default_rng(7))
+  np.testing.assert_array_equal(a.frames, b.frames)
+  for seed in range(30):
+    clip = moving_digits.random_walk_clip(image, np.random.default_rng(seed))
+    assert clip.offsets.min() >= 0 and clip.offsets.max() <= 8
+    np.testing.assert_array_equal(np.diff(clip.offsets, axis=0), clip.actions[:, ::-1])
+    assert np.all(np.abs(clip.actions).sum(axis=1) == 1)
+
+
+def test_moving_digits_train_only_on_the_training_digits():
+  from configs import moving_digits as config_file
+  data = config_file.get_config("").data
+  train = data_pipeline._train_pairs(data)  # pylint: disable=protected-access
+  held = data_pipeline._heldout_pairs(data)  # pylint: disable=protected-access
+  assert len(train) == 1500 and len(held) == 297
+  np.testing.assert_array_equal(train.images, digits.load_digits_split()[0])
+
+
+def test_parse_actions(tmp_path):
+  np.testing.assert_array_equal(moving_digits.parse_actions("right, up,stay,LEFT"),
+                                [[1, 0], [0, -1], [0, 0], [-1, 0]])
+  path = tmp_path / "a.json"
+  path.write_text("[[1, 0], [0, 1]]")
+  np.testing.assert_array_equal(moving_digits.parse_actions(str(path)), [[1, 0], [0, 1]])
+  np.save(tmp_path / "a.npy", np.ones((3, 2)))
+  assert moving_digits.parse_actions(str(tmp_path / "a.npy")).shape == (3, 2)
+  for bad in ("right,sideways", "", str(tmp_path / "missing.json")):
+    with pytest.raises(ValueError):
+      moving_digits.parse_actions(bad)
+  np.save(tmp_path / "b.npy", np.ones((3, 3)))
+  with pytest.raises(ValueError, match=r"\[K, 2\]"):
+    moving_digits.parse_actions(str(tmp_path / "b.npy"))
+
+
+# ----------------------------------------------------------------------------------------
+# Layouts and positions (DESIGN §2).
+# ----------------------------------------------------------------------------------------
+OPTIONS = tasks.TaskOptions(patch_size=P, patch_dim=16, num_frames=8, canvas=16)
+VIDEO_TASKS = ("video_generation", "video_qa", "world_model", "inverse_dynamics")
+
+
+def _block(example, block_id):
+  return np.flatnonzero(example["block_ids"] == block_id)
+
+
+def test_video_positions_follow_design():
+  clip = moving_digits.constant_clip(_digit(0), "right", np.random.default_rng(0))
+  ex = tasks.TASKS["video_qa"].build(clip, 0, OPTIONS, 0)
+  idx = _block(ex, 1)
+  assert len(idx) == 8 * G * G
+  assert np.all(ex["modality"][idx] == modalities.VIDEO)
+  begin = idx[0] - 1
+  assert ex["tokens"][begin] == modalities.get("video").begin_token
+  s = ex["positions"][begin, 0] + 1     # the block starts after its begin marker
+  pos = ex["positions"][idx].reshape(8, G, G, 3)
+  f, r, c = np.meshgrid(np.arange(8), np.arange(G), np.arange(G), indexing="ij")
+  np.testing.assert_array_equal(pos[..., 0], s + f)   # t advances one per frame
+  np.testing.assert_array_equal(pos[..., 1], s + r)   # h per patch row
+  np.testing.assert_array_equal(pos[..., 2], s + c)   # w per patch column
+  end = idx[-1] + 1
+  assert ex["tokens"][end] == modalities.get("video").end_token
+  np.testing.assert_array_equal(ex["positions"][end], [pos.max() + 1] * 3)  # max + 1
+  # The frames' patches are the clip's, frame by frame.
+  np.testing.assert_array_equal(ex["patches"][idx].reshape(8, G, G, 16),
+                                digits.patchify(clip.frames, P))
+
+
+def test_world_model_layout_positions_and_one_generated_block():
+  clip = moving_digits.random_walk_clip(_digit(1), np.random.default_rng(3))
+  ex = tasks.TASKS["world_model"].build(clip, 1, OPTIONS, 0)
+  first, act, rest = _block(ex, 1), _block(ex, 2), _block(ex, 3)
+  assert len(first) == G * G and len(act) == 7 and len(rest) == 7 * G * G
+  assert np.all(ex["modality"][act] == modalities.ACTION)
+  np.testing.assert_array_equal(ex["patches"][act, :2], clip.actions)
+  assert np.all(ex["patches"][act, 2:] == 0)
+  s = ex["positions"][act[0] - 1, 0] + 1
+  np.testing.assert_array_equal(ex["positions"][act], np.stack(
+      [s + np.arange(7), np.full(7, s), np.full(7, s)], -1))   # t per step, h = w = s
+  np.testing.assert_array_equal(ex["positions"][first[-1] + 1],        # end marker: max + 1
+                                [ex["positions"][first].max() + 1] * 3)
+  np.testing.assert_array_equal(ex["positions"][act[-1] + 1], [s + 7] * 3)  # chunk max + 1
+  np.testing.assert_array_equal(np.flatnonzero(ex["dm_mask"]), rest)  # only the rest noised
+  assert ex["cond_mask"][first].all() and ex["cond_mask"][act].all()
+
+
+@pytest.mark.parametrize("name", VIDEO_TASKS)
+@pytest.mark.parametrize("frames", [3, 8])
+def test_every_video_task_has_one_contiguous_generated_block_or_an_answer(name, frames):
+  options = tasks.TaskOptions(patch_size=P, patch_dim=16, num_frames=frames, canvas=16)
+  rng = np.random.default_rng(0)
+  ex = moving_digits.build_example(name, _digit(2), 2, options, rng)
+  noised = np.flatnonzero(ex["dm_mask"])
+  video = np.flatnonzero(ex["modality"] == modalities.VIDEO)
+  assert len(video) == frames * G * G                      # shapes for T frames
+  if name == "video_qa":
+    assert noised.size == 0
+    assert tokenizer.Tokenizer().decode(ex["ar_targets"][ex["ar_weights"] > 0]).startswith("2, ")
+  else:
+    assert noised.size and np.all(np.diff(noised) == 1)   # one block, as denoise needs
+    sampling.split_block(ex)
+  assert len(ex["tokens"]) <= tasks.max_example_length(name, options)
+
+
+def test_image_and_video_tasks_do_not_mix():
+  from configs import moving_digits as config_file
+  config = config_file.get_config("")
+  config.data.task_weights = {"generation": 1.0}
+  with pytest.raises(ValueError, match="image"):
+    data_pipeline.validate(config.data)
+  from configs import digits as digits_config
+  config = digits_config.get_config("")
+  config.data.task_weights = {"world_model": 1.0}
+  with pytest.raises(ValueError, match="moving_digits"):
+    data_pipeline.validate(config.data)
+
+
+def test_train_batches_and_heldout_examples():
+  from configs import moving_digits as config_file
+  data = config_file.get_config("").data
+  batch = next(iter(data_pipeline.make_train_dataset(data, 0, 4)))
+  assert batch["patches"].shape == (4, data.seq_len, 16)
+  assert set(np.unique(batch["modality"])) <= {0, 2, 3}
+  again = next(iter(data_pipeline.make_train_dataset(data, 0, 4)))
+  np.testing.assert_array_equal(batch["patches"], again["patches"])
+  gen = data_pipeline.heldout_examples(data, "generation")   # train_lib's names
+  assert len(gen) == 297 and gen[0]["dm_mask"].sum() == 8 * G * G
+
+
+# ----------------------------------------------------------------------------------------
+# Model: the world model reads its cached prefix; generated shapes.
+# ----------------------------------------------------------------------------------------
+def _tiny_config():
+  from configs import moving_digits as config_file
+  return config_file.get_config("tiny")
+
+
+@pytest.fixture(scope="module")
+def pipe():
+  config = _tiny_config()
+  shell = pipeline.Pipeline(config, None)
+  ex = shell.world_model_example(np.zeros((16, 16), np.float32), np.zeros((2, 2)))
+  return pipeline.Pipeline(config, random_params(shell.model, inputs_from_batch(
+      _as_batch(ex))))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _apply(model, params, inputs):
+  return model.apply({"params": params}, inputs)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _cached_velocity(model, params, prefix, block, keep, x, t):
+  return sampling.cached_block_velocity(model, params, prefix, block, keep)(x, t)
+
+
+def test_world_model_cached_denoise_matches_full_forward(pipe):
+  rng = np.random.default_rng(0)
+  first = [rng.uniform(0, 1, (16, 16)).astype(np.float32) for _ in range(2)]
+  actions = [np.array([[1, 0], [0, 1]], np.float32), np.array([[-1, 0], [0, -1]], np.float32)]
+  examples = [pipe.world_model_example(f, a) for f, a in zip(first, actions)]
+  split = [sampling.split_block(ex) for ex in examples]
+  prefix = sampling.pad_left([p for p, _ in split], length=64)
+  block = sampling.block_arrays([b for _, b in split])
+  m, p = block["modality"].shape[1], pipe.model_cfg.patch_dim
+  assert m == 2 * G * G
+  x = rng.normal(size=(2, m, p)).astype(np.float32)
+  t = 0.6
+  v = np.asarray(_cached_velocity(pipe.model, pipe.params, prefix, block,
+                                  np.ones(prefix["tokens"].shape, bool), x, t))
+  start = int(np.flatnonzero(examples[0]["dm_mask"])[0])
+  full = [dict(ex, patches=ex["patches"].copy()) for ex in examples]
+  for row, ex in enumerate(full):
+    ex["patches"][start:start + m] = x[row]
+  batch = _as_batch(*full)
+  timesteps = jnp.where(batch["dm_mask"] > 0, t, 0.0)
+  _, ref, _ = _apply(pipe.model, pipe.params, inputs_from_batch(batch, timesteps=timesteps))
+  ref = np.asarray(ref)
+  for row in range(2):
+    np.testing.assert_allclose(v[row], ref[row, start:start + m], rtol=1e-4, atol=1e-4)
+  # The prefix matters: other actions (same first frames) give another velocity.
+  other = [pipe.world_model_example(f, -a) for f, a in zip(first, actions)]
+  prefix2 = sampling.pad_left([sampling.split_block(ex)[0] for ex in other], length=64)
+  v2 = np.asarray(_cached_velocity(pipe.model, pipe.params, prefix2, block,
+                                   np.ones(prefix2["tokens"].shape, bool), x, t))
+  assert not np.allclose(v, v2, atol=1e-4)
+
+
+def test_generate_predict_and_infer_shapes(pipe):
+  clips = pipe.generate(["a handwritten digit 3 moving right", "a 1"], num_samples=2,
+                        steps=2, seed=1)
+  assert clips.shape == (4, 3, 16, 16)                 # config's num_frames
+  assert clips.min() >= 0 and clips.max() <= 1
+  assert pipe.generate("a 2", steps=2, num_frames=5).shape == (1, 5, 16, 16)
+  again = pipe.generate(["a handwritten digit 3 moving right", "a 1"], num_samples=2,
+                        steps=2, seed=1)
+  np.testing.assert_array_equal(clips, again)
+  first = np.random.default_rng(0).uniform(0, 1, (2, 16, 16)).astype(np.float32)
+  pred = pipe.predict(first, "right,down,down", steps=2)
+  assert pred.shape == (2, 4, 16, 16)
+  np.testing.assert_allclose(pred[:, 0], first, atol=1e-6)   # the given frame leads
+  actions = pipe.infer_actions(pred, steps=2)
+  assert actions.shape == (2, 3, 2) and np.all(np.isfinite(actions))
+  clip = pred[:, :3]  # the tiny config's clip length (its context holds no more)
+  answer = pipe.reason("Which digit moves, and where?", video=clip[0], max_new_tokens=4)
+  assert isinstance(answer, str)
+  answers = pipe.reason("Which digit moves, and where?", video=clip, max_new_tokens=4)
+  assert isinstance(answers, list) and len(answers) == 2
+  with pytest.raises(pipeline.InputError, match="sideways"):
+    pipe.predict(first, "right,sideways")
+  with pytest.raises(pipeline.InputError, match="num_frames"):
+    pipe.generate("a 2", num_frames=0)
+
+
+def test_video_evaluation_runs_and_its_judges_see_real_clips(pipe):
+  result = evaluate.evaluate_video(pipe, samples_per_digit=1, steps=1)
+  for key in ("qa_accuracy", "identity_accuracy", "motion_error_px",
+              "world_model_com_error_px", "inverse_dynamics_mae_px"):
+    assert np.isfinite(result[key]), key
+  assert result["_images"].shape == (10, 3, 16, 16)
+  # The crop judge on real held-out clips is about as good as the SVC on the digits.
+  assert result["real_clip_identity_accuracy"] > 0.85
+  assert result["real_clip_identity_accuracy"] > result["identity_accuracy"]
+
+
+# ----------------------------------------------------------------------------------------
+# Entry points.
+# ----------------------------------------------------------------------------------------
+def _run(args, timeout=300):
+  env = dict(os.environ, JAX_PLATFORMS="cpu", MOT_TCMALLOC="0")
+  return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+                        timeout=timeout, env=env)
+
+
+def test_tiny_moving_digits_config_trains(tmp_path):
+  proc = _run(["train.py", "--config", "configs/moving_digits.py:tiny", "--workdir",
+               str(tmp_path / "run")])
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  with open(tmp_path / "run" / "metrics.jsonl") as f:
+    records = [json.loads(line) for line in f]
+  train = [r for r in records if "loss" in r]
+  assert [r["step"] for r in train] == [1, 2]
+  assert all(np.isfinite(r["dm_loss"]) and np.isfinite(r["ar_loss"]) for r in train)
+  assert any("eval_dm_loss" in r for r in records)
+
+
+@pytest.fixture(scope="module")
+def video_workdir(tmp_path_factory):
+  path = tmp_path_factory.mktemp("video_run")
+  write_checkpoint(path, config=_tiny_config())
+  return str(path)
+
+
+def test_sample_generate_writes_gifs_and_reason_reads_them(video_workdir, tmp_path):
+  out = tmp_path / "clips"
+  import io
+  stdout = io.StringIO()
+  pipeline.run_sample(video_workdir, "generate", prompts=["a handwritten digit 3 moving up"],
+                      num_samples=2, out=str(out), steps=2, seed=0, stdout=stdout)
+  manifest = json.loads((out / "manifest.json").read_text())
+  assert [s["file"] for s in manifest["samples"]] == ["clip_0000.gif", "clip_0001.gif"]
+  assert manifest["num_frames"] == 3
+  with Image.open(out / "clip_0000.gif") as gif:
+    assert gif.n_frames == 3 and gif.size == (16 * pipeline.GIF_SCALE,) * 2
+  assert (out / "grid.png").exists()
+  # A GIF and a folder of frames read back as clips of 3 frames.
+  clip = pipeline.load_clip(str(out / "clip_0000.gif"), 16)
+  assert clip.shape == (3, 16, 16)
+  frames = tmp_path / "frames"
+  frames.mkdir()
+  for i, f in enumerate(clip):
+    Image.fromarray(np.uint8(f * 255), "L").save(frames / f"{i:02d}.png")
+  np.testing.assert_allclose(pipeline.load_clip(str(frames), 16), clip, atol=1 / 255)
+  stdout = io.StringIO()
+  pipeline.run_sample(video_workdir, "reason", images=[str(out / "clip_0000.gif"),
+                                                       str(frames)], stdout=stdout)
+  lines = stdout.getvalue().splitlines()
+  assert len(lines) == 2 and lines[0].startswith(str(out / "clip_0000.gif"))
+  # World model from a first frame and --actions.
+  first = tmp_path / "first.png"
+  Image.fromarray(np.uint8(clip[0] * 255), "L").save(first)
+  pred_out = tmp_path / "pred"
+  pipeline.run_sample(video_workdir, "generate", images=[str(first)],
+                      actions="right,right,down,up", out=str(pred_out), steps=2,
+                      stdout=io.StringIO())
+  manifest = json.loads((pred_out / "manifest.json").read_text())
+  assert manifest["num_frames"] == 5 and manifest["actions"][0] == [1, 0]
+  with Image.open(pred_out / "clip_0000.gif") as gif:
+    assert gif.n_frames == 5
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--actions", "right,sideways"], "sideways"),
+    (["--actions", "right"], "--images"),
+])
+def test_bad_actions_give_one_error_line(video_workdir, tmp_path, extra, message):
+  proc = _run(["sample.py", "--workdir", video_workdir, "--mode", "generate", "--out",
+               str(tmp_path / "o"), *extra], timeout=120)
+  assert proc.returncode != 0
+  lines = proc.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (
+      proc.stderr)
+  assert not (tmp_path / "o").exists()
