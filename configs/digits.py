@@ -24,7 +24,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.seed = 0                         # seeds init, data order, noise and dropout
 
   # ---- Optimisation. ----
-  c.num_train_steps = 3000           # total optimizer steps
+  c.num_train_steps = 1000           # total optimizer steps (~9 min on 2 CPU cores)
   c.batch_size = 32                  # global batch in packed rows
   c.learning_rate = 2e-3             # peak AdamW learning rate
   c.warmup_steps = 100               # linear warm-up steps, then cosine decay
@@ -38,7 +38,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.max_nonfinite_steps = 10         # stop after this many non-finite updates in a row
 
   # ---- Losses. ----
-  c.ar_loss_weight = 1.0             # weight of the next-token cross-entropy
+  c.ar_loss_weight = 3.0             # weight of the next-token cross-entropy (the answer is
+                                     # one token in ~25 AR targets: 3 makes reading keep up)
   c.dm_loss_weight = 1.0             # lambda: weight of the velocity MSE
   c.cond_drop_prob = 0.1             # P(caption blanked) per example, for CFG
   c.timestep_logit_mean = 0.0        # logit-normal timestep sampling (SD3): mean
@@ -46,9 +47,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
 
   # ---- Logging and checkpoints. ----
   c.log_every_steps = 50             # metrics.jsonl / progress-bar interval
-  c.eval_every_steps = 1000          # held-out evaluation interval
+  c.eval_every_steps = 1000          # held-out evaluation interval (here: at the end)
   c.eval_samples_per_digit = 20      # images per digit for the accuracy/Fréchet protocol (0: off)
-  c.checkpoint_every_steps = 500     # orbax checkpoint interval (also at the end)
+  c.checkpoint_every_steps = 250     # orbax checkpoint interval (also at the end)
   c.keep_checkpoints = 3             # newest checkpoints kept
   c.progress_bar = True              # tqdm bar on process 0
 
@@ -87,8 +88,11 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.data.patch_size = 2              # 8x8 image -> (8/p)^2 patches of p*p pixels
   c.data.patch_dim = 4               # width of the patches field (>= patch_size**2)
   c.data.shift_pixels = 1            # random shift augmentation for the reading task
+  c.data.rotate_degrees = 0.0        # ... random rotation up to ± this many degrees (off:
+                                     # 10 degrees did not raise held-out reading, 92.9 %)
+  c.data.scale_jitter = 0.0          # ... random zoom by 1 ± this
   c.data.task_weights = ml_collections.ConfigDict(  # task mix (interleaved: think, then draw)
-      {"generation": 0.4, "reasoning": 0.4, "text": 0.1, "interleaved": 0.1})
+      {"generation": 0.35, "reasoning": 0.45, "text": 0.1, "interleaved": 0.1})
 
   # ---- Model (becomes the frozen mot.config.ModelConfig). ----
   c.model = ml_collections.ConfigDict()

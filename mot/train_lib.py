@@ -12,6 +12,7 @@ import functools
 import json
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any
@@ -376,7 +377,8 @@ def check_resumable(workdir: str, step: int, config) -> None:
     added_at_default = lambda k: k not in theirs and k in defaults and ours[k] == defaults[k]
     diff = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k)
                   and not added_at_default(k)
-                  and k not in ("task_weights", "shift_pixels", "num_threads", "prefetch",
+                  and k not in ("task_weights", "shift_pixels", "rotate_degrees", "scale_jitter",
+                                "num_threads", "prefetch",
                                 "workers"))
     if diff:
       raise ckpt_lib.CheckpointError(
@@ -437,8 +439,10 @@ def train_and_evaluate(config, workdir: str) -> TrainState:
                   config.to_dict(), {"history": pending}, force=force)
 
   from tqdm import tqdm
+  # Redirected to a file (no terminal), redraw every 30 s instead of every step.
   bar = tqdm(total=config.num_train_steps, initial=start_step, desc="train",
-             disable=jax.process_index() != 0 or not config.progress_bar, dynamic_ncols=True)
+             disable=jax.process_index() != 0 or not config.progress_bar, dynamic_ncols=True,
+             mininterval=0.1 if sys.stderr.isatty() else 30.0)
   interval_start, interval_tokens = time.perf_counter(), 0
   previous_metrics = None
   try:
@@ -528,7 +532,8 @@ def evaluate_heldout(config, state, p_eval_step, rng, mesh, log, step) -> dict:
 def evaluate_protocol(config, state, log, step) -> dict:
   """Reasoning / generation accuracy and Fréchet distance (mot.evaluate) of the EMA
   parameters; DIR/eval.json and a sample grid. Off when eval_samples_per_digit is 0."""
-  if not config.eval_samples_per_digit or config.data.dataset != "digits":
+  if not config.eval_samples_per_digit or config.data.dataset not in ("digits",
+                                                                      "moving_digits"):
     return {}
   if jax.process_count() > 1:
     logging.warning("Skipping the sampling evaluation in a multi-process run: run "
@@ -542,5 +547,6 @@ def evaluate_protocol(config, state, log, step) -> dict:
                                                              config.eval_samples_per_digit))
   log.image(step, "samples", result.pop("_grid_image"))
   logging.info("%s", evaluate.format_result(result))
-  return {k: result[k] for k in ("reasoning_accuracy", "generation_accuracy", "frechet",
-                                 "frechet_floor")}
+  # Scalars only (the image and video protocols report different keys).
+  return {k: v for k, v in result.items()
+          if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}

@@ -215,6 +215,28 @@ def test_random_shift():
   np.testing.assert_array_equal(tasks.random_shift(img, 0, rng), img)
 
 
+def test_random_rotate_scale():
+  img = digits.load_digits_split()[0][0]
+  rng = np.random.default_rng(2)
+  # No rotation, no zoom: the identity.
+  np.testing.assert_allclose(tasks.random_rotate_scale(img, 0.0, 0.0, rng), img, atol=1e-6)
+  bar = np.full((8, 8), -1.0, np.float32)
+  bar[:, 3:5] = 1.0  # a vertical bar through the centre
+  turned = tasks.random_rotate_scale(bar, 45.0, 0.0, np.random.default_rng(5))
+  assert turned.shape == (8, 8) and turned.dtype == np.float32
+  assert turned.min() >= -1 - 1e-6 and turned.max() <= 1 + 1e-6
+  assert not np.allclose(turned, bar)
+  # Zooming out leaves background at the border; the bar stays centred (symmetry).
+  small = tasks.random_rotate_scale(bar, 0.0, 0.4, np.random.default_rng(3))
+  np.testing.assert_allclose(small, small[:, ::-1], atol=1e-5)
+  # Training applies it to reading images only, and only when configured.
+  opts = tasks.TaskOptions(patch_size=2, patch_dim=4, rotate_degrees=20.0, scale_jitter=0.2)
+  reads = [tasks.build_example("reasoning", img, 0, opts, rng)["patches"] for _ in range(5)]
+  assert any(not np.allclose(r, reads[0]) for r in reads)
+  gen = tasks.build_example("generation", img, 0, opts, rng)
+  np.testing.assert_array_equal(gen["patches"], tasks.generation_example(img, 0, 2, 4)["patches"])
+
+
 # ------------------------------------------------------------------------- packing
 
 
