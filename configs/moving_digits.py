@@ -39,7 +39,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.batch_size = 16                  # global batch in packed rows (one clip example a row)
   c.learning_rate = 2e-3             # peak AdamW learning rate
   c.warmup_steps = 100               # linear warm-up steps, then cosine decay
-  c.eval_every_steps = 500           # held-out losses and the video protocol (mot.evaluate)
+  c.eval_every_steps = 1500          # held-out losses and the video protocol (here: at the end)
   c.checkpoint_every_steps = 500     # orbax checkpoint interval (also at the end)
 
   # ---- Data. ----
