@@ -377,9 +377,8 @@ def check_resumable(workdir: str, step: int, config) -> None:
     added_at_default = lambda k: k not in theirs and k in defaults and ours[k] == defaults[k]
     diff = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k)
                   and not added_at_default(k)
-                  and k not in ("task_weights", "shift_pixels", "rotate_degrees", "scale_jitter",
-                                "num_threads", "prefetch",
-                                "workers"))
+                  and k not in ("task_weights", "shift_pixels", "rotate_degrees",
+                                "scale_jitter", "num_threads", "prefetch", "workers"))
     if diff:
       raise ckpt_lib.CheckpointError(
           f"the checkpoint in {workdir} was trained with different config.{section} fields "
@@ -532,8 +531,8 @@ def evaluate_heldout(config, state, p_eval_step, rng, mesh, log, step) -> dict:
 def evaluate_protocol(config, state, log, step) -> dict:
   """Reasoning / generation accuracy and Fréchet distance (mot.evaluate) of the EMA
   parameters; DIR/eval.json and a sample grid. Off when eval_samples_per_digit is 0."""
-  if not config.eval_samples_per_digit or config.data.dataset not in ("digits",
-                                                                      "moving_digits"):
+  if (not config.eval_samples_per_digit
+      or config.data.dataset not in pipeline.DIGIT_DATASETS):
     return {}
   if jax.process_count() > 1:
     logging.warning("Skipping the sampling evaluation in a multi-process run: run "

@@ -221,8 +221,9 @@ def random_rotate_scale(image: np.ndarray, max_degrees: float, scale_jitter: flo
   """float [H, W] image rotated by U(±max_degrees) and zoomed by U(1 ± scale_jitter)
   about its centre, bilinearly resampled; pixels from outside are BACKGROUND.
 
-  The held-out digits come from unseen writers, whose slant and size differ: this is
-  the augmentation that closes most of the reading task's train/held-out gap.
+  Meant for the reading task's gap to unseen writers (slant, size); off in
+  configs/digits.py, where 10 degrees + 10 % zoom did not raise held-out reading
+  (92.9 % vs 93.9 % without, within noise).
   """
   h, w = image.shape
   angle = np.deg2rad(rng.uniform(-max_degrees, max_degrees))
