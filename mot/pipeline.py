@@ -437,13 +437,14 @@ class Pipeline:
     return frames.reshape(n, t, self.image_size, self.image_size)
 
   # -------------------------------------------------------------------------- reason ----
-  def reason(self, prompt: str | Sequence[str] = DEFAULT_QUESTION, images: Any = None,
+  def reason(self, prompt: str | Sequence[str] | None = None, images: Any = None,
              video: Any = None, max_new_tokens: int = 16, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, seed: int = 0) -> str | list[str]:
     """Answers prompts with the AR head, in one batched jitted decode (chunked if large).
 
     Args:
-      prompt: a string or a list of strings.
+      prompt: a string or a list of strings; None asks the checkpoint's own question
+        ("What digit is this?", or "Which digit moves, and where?" for clips).
       images: None; an array [H, W] / [N, H, W] (digits scale 0..16, or 0..1); a path,
         PIL image, or a list of them. With N images and one prompt, one answer per image;
         with N prompts, image i goes with prompt i.
@@ -455,6 +456,8 @@ class Pipeline:
     Returns:
       The answer (str) for one prompt and at most one image, else a list of answers.
     """
+    if prompt is None:
+      prompt = VIDEO_QUESTION if self.is_video else DEFAULT_QUESTION
     prompts, single = _as_list(prompt)
     self._check_decoding(max_new_tokens, temperature, top_k, top_p)
     seed = _check_seed(seed)

@@ -263,6 +263,8 @@ def test_generate_predict_and_infer_shapes(pipe):
   assert isinstance(answer, str)
   answers = pipe.reason("Which digit moves, and where?", video=clip, max_new_tokens=4)
   assert isinstance(answers, list) and len(answers) == 2
+  # Without a prompt a video checkpoint asks its own question, not the image one.
+  assert pipe.reason(video=clip, max_new_tokens=4) == answers
   with pytest.raises(pipeline.InputError, match="sideways"):
     pipe.predict(first, "right,sideways")
   with pytest.raises(pipeline.InputError, match="num_frames"):
