@@ -793,12 +793,12 @@ def run_sample(workdir: str, mode: str, images: Sequence[str] = (),
   pipe = Pipeline.from_workdir(workdir)
   if not pipe.is_video and (action_array is not None or num_frames is not None):
     pipe._require_video("--actions" if action_array is not None else "--num_frames")  # pylint: disable=protected-access
-  if pipe.is_video:
-    return _run_video(pipe, workdir, mode, images, prompts, as_json, num_samples, out,
-                      steps, cfg_scale, sampler, seed, stdout, action_array, num_frames)
-  prompts = prompts or [DEFAULT_QUESTION]
   settings = {"workdir": os.path.abspath(workdir), "checkpoint_step": pipe.step,
               "mode": mode, "seed": seed}
+  if pipe.is_video:
+    return _run_video(pipe, settings, mode, images, prompts, as_json, num_samples, out,
+                      steps, cfg_scale, sampler, seed, stdout, action_array, num_frames)
+  prompts = prompts or [DEFAULT_QUESTION]
 
   if mode == "reason":
     if paths:
@@ -851,11 +851,10 @@ def _print_records(out, records, as_json, stdout) -> None:
       print(json.dumps(dict(record, file=os.path.join(out, record["file"]))), file=stdout)
 
 
-def _run_video(pipe: Pipeline, workdir, mode, items, prompts, as_json, num_samples, out,
+def _run_video(pipe: Pipeline, settings, mode, items, prompts, as_json, num_samples, out,
                steps, cfg_scale, sampler, seed, stdout, actions, num_frames) -> None:
-  """run_sample for a video checkpoint (inputs already checked)."""
-  settings = {"workdir": os.path.abspath(workdir), "checkpoint_step": pipe.step,
-              "mode": mode, "seed": seed}
+  """run_sample for a video checkpoint (inputs already checked; `settings` is the
+  manifest's record of the run, filled in further here)."""
   if mode == "think_then_draw":
     raise InputError("--mode think_then_draw draws images; this is a video checkpoint: "
                      "use --mode generate or --mode reason")
