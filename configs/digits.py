@@ -108,6 +108,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.model.rope_theta = 10000.0       # RoPE base
   c.model.rope_interleaved = True    # Qwen3-VL layout: every axis gets high frequencies (see README)
   c.model.time_embed_dim = 256       # sinusoidal timestep features
+  c.model.dropout_rate = 0.0         # residual dropout while training (sampling: none)
   c.model.experts = "shared"         # "shared" | "mode" | "modality" weight tying
   c.model.expert_impl = "auto"       # grouped matmul: "tiled" | "ragged" (ragged_dot) | "auto"
   c.model.expert_tile = 256          # rows per tile of the "tiled" grouped matmul
@@ -122,6 +123,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.sample.steps = 32                # denoising steps
   c.sample.sampler = "euler"         # "euler" | "heun"
   c.sample.cfg_scale = 1.0           # classifier-free guidance scale (1 = conditional only)
+  c.sample.shift = 1.0               # time-grid shift (SD3): > 1 spends more steps near noise
 
   if variant == "tiny":
     c.num_train_steps = 4

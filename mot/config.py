@@ -31,6 +31,7 @@ class ModelConfig:
   num_kv_heads: int = 2
   head_dim: int = 64
   mlp_dim: int = 1024
+  fused_mlp: bool = True                 # gate and up projections in one matmul
   patch_dim: int = 4                     # P: width of the `patches` field
   modality_patch_dims: tuple[int, ...] = (0, 4, 4, 2)  # valid patch dims per modality id
   rope_sections: tuple[int, int, int] = (8, 12, 12)
@@ -46,6 +47,7 @@ class ModelConfig:
   dtype: str = "float32"                 # compute dtype
   param_dtype: str = "float32"
   norm_eps: float = 1e-6
+  dropout_rate: float = 0.0              # residual dropout in training (only with a "dropout" rng)
   attention_impl: str | None = None      # None: let JAX pick (cuDNN on GPU, XLA elsewhere)
 
   @property
@@ -104,6 +106,8 @@ def validate_model(m: ModelConfig) -> None:
   _check(max(m.modality_patch_dims) <= m.patch_dim,
          f"config.model.patch_dim={m.patch_dim} is smaller than a modality's patch "
          f"({max(m.modality_patch_dims)}): raise patch_dim")
+  _check(isinstance(m.dropout_rate, (int, float)) and 0.0 <= m.dropout_rate < 1.0,
+         f"config.model.dropout_rate={m.dropout_rate!r} must be in [0, 1): e.g. 0.1")
   _check(m.rope_theta > 0, f"config.model.rope_theta={m.rope_theta} must be positive")
   for name in ("dtype", "param_dtype"):
     try:
@@ -146,6 +150,9 @@ def validate(config: Any) -> ModelConfig:
          and config.get("eval_samples_per_digit", 0) >= 0,
          f"config.eval_samples_per_digit={config.get('eval_samples_per_digit')!r} must be an "
          "integer >= 0 (0 turns the sampling evaluation off)")
+  shift = (config.get("sample") or {}).get("shift", 1.0)
+  _check(isinstance(shift, (int, float)) and shift > 0,
+         f"config.sample.shift={shift!r} must be a positive number (1: the uniform time grid)")
   _check(not config.get("freeze_understanding", False) or model.experts == "mode",
          "config.freeze_understanding=True needs the understanding expert: set "
          "config.model.experts='mode'")

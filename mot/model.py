@@ -38,7 +38,9 @@ class ModelInputs:
 class Block(nn.Module):
   """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x)).
 
-  With `groups` (experts), x is the grouped buffer [R, d] and every sub-layer but the
+  Residual dropout (`cfg.dropout_rate`) applies to both branches only when the caller
+  passes a "dropout" rng (training); sampling and evaluation pass none, so they are
+  deterministic without a flag threaded through every call. With `groups` (experts), x is the grouped buffer [R, d] and every sub-layer but the
   attention itself uses the token's own expert (`mot.experts`).
   """
   cfg: ModelConfig
@@ -46,12 +48,14 @@ class Block(nn.Module):
   @nn.compact
   def __call__(self, x, positions, mask, cache, cache_index, groups=None):
     x = layers.constrain(x, ACTIVATION)
+    drop = nn.Dropout(self.cfg.dropout_rate,
+                      deterministic=self.cfg.dropout_rate == 0 or not self.has_rng("dropout"))
     attn, new_kv = layers.Attention(self.cfg, name="attention")(
         layers.RMSNorm(self.cfg, axis_name="embed", name="attention_norm")(x, groups),
         positions, mask, cache, cache_index, groups)
-    x = x + attn
-    x = x + layers.SwiGLU(self.cfg, name="mlp")(
-        layers.RMSNorm(self.cfg, axis_name="embed", name="mlp_norm")(x, groups), groups)
+    x = x + drop(attn)
+    x = x + drop(layers.SwiGLU(self.cfg, name="mlp")(
+        layers.RMSNorm(self.cfg, axis_name="embed", name="mlp_norm")(x, groups), groups))
     return layers.constrain(x, ACTIVATION), new_kv
 
 
@@ -87,7 +91,7 @@ class Backbone(nn.Module):
       x = groups.dispatch(x)
     if cfg.scan_layers:
       stack = nn.scan(_remat(ScannedBlock, cfg), variable_axes={"params": 0},
-                      split_rngs={"params": True},
+                      split_rngs={"params": True, "dropout": True},
                       in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
                       length=cfg.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
       x, new_kv = stack(cfg, name="layers")(x, cache, positions, mask, cache_index, groups)

@@ -140,8 +140,11 @@ def cfg_dropout(rng, batch, prob: float) -> Array:
   return dropped & (batch["cond_mask"] > 0)
 
 
-def compute_losses(params, batch, rng, model: MoT, config):
-  """Noises the DM targets, runs the model once, returns (total, metrics)."""
+def compute_losses(params, batch, rng, model: MoT, config, train: bool = True):
+  """Noises the DM targets, runs the model once, returns (total, metrics).
+
+  `train` enables residual dropout (`model.dropout_rate`); evaluation passes False.
+  """
   cfg = model.cfg
   rng_t, rng_noise, rng_drop = jax.random.split(rng, 3)
   noised = batch["dm_mask"] > 0
@@ -153,7 +156,9 @@ def compute_losses(params, batch, rng, model: MoT, config):
   x_t = jnp.where(noised[..., None], diffusion.add_noise(x0, noise, t), x0)
   dropped = cfg_dropout(rng_drop, batch, config.cond_drop_prob)
   inputs = inputs_from_batch(batch, patches=x_t, timesteps=t, keep=~dropped)
-  logits, velocity, _ = model.apply({"params": params}, inputs)
+  # fold_in, not a 4th split: runs without dropout keep their exact random stream.
+  rngs = {"dropout": jax.random.fold_in(rng, 3)} if train and cfg.dropout_rate > 0 else {}
+  logits, velocity, _ = model.apply({"params": params}, inputs, rngs=rngs)
 
   # A dropped caption is not a target either: the model cannot see the tokens before it.
   ar_w = batch["ar_weights"] * ~jnp.roll(dropped, -1, axis=1)
@@ -197,7 +202,7 @@ def eval_step(params, batch, rng, *, model: MoT, config) -> dict:
   """Held-out losses with a fixed rng and no CFG dropout."""
   no_drop = config.copy_and_resolve_references()
   no_drop.cond_drop_prob = 0.0
-  _, metrics = compute_losses(params, batch, rng, model, no_drop)
+  _, metrics = compute_losses(params, batch, rng, model, no_drop, train=False)
   # Weights, so that batches with few (or no) targets of one kind count for what they hold.
   dims = patch_dim_mask(batch["modality"], model.cfg.modality_patch_dims, model.cfg.patch_dim)
   metrics["ar_weight"] = jnp.sum(batch["ar_weights"])

@@ -127,6 +127,54 @@ def test_remat_policy_gives_same_gradients():
   chex.assert_trees_all_close(g1, g2, atol=1e-5)
 
 
+def test_split_mlp_equals_fused_mlp():
+  """fused_mlp=False computes the same function with the gate/up kernel cut in two."""
+  import dataclasses
+  from flax import linen as nn
+  batch = jax.tree.map(jnp.asarray, layout_batch(True))
+  fused = MoT(CFG)
+  split = MoT(dataclasses.replace(CFG, fused_mlp=False))
+  inputs = inputs_from_batch(batch)
+  params = nn.meta.unbox(fused.init(jax.random.PRNGKey(0), inputs)["params"])
+  split_params = nn.meta.unbox(split.init(jax.random.PRNGKey(0), inputs)["params"])
+  mlp = params["backbone"]["layers"]["block"]["mlp"]
+  split_mlp = split_params["backbone"]["layers"]["block"]["mlp"]
+  assert set(split_mlp) == {"wi_gate", "wi_up", "wo"}
+  kernel = mlp["wi"]["kernel"]                      # [layers, d, 2, mlp]
+  split_mlp["wi_gate"]["kernel"] = kernel[:, :, 0]
+  split_mlp["wi_up"]["kernel"] = kernel[:, :, 1]
+  split_mlp["wo"] = mlp["wo"]
+  for name in params:
+    if name != "backbone":
+      split_params[name] = params[name]
+  for name, value in params["backbone"]["layers"]["block"].items():
+    if name != "mlp":
+      split_params["backbone"]["layers"]["block"][name] = value
+  chex.assert_trees_all_close(split.apply({"params": split_params}, inputs)[:2],
+                              fused.apply({"params": params}, inputs)[:2], atol=1e-5)
+
+
+@pytest.mark.parametrize("scan_layers", [True, False])
+def test_dropout_only_with_a_dropout_rng(scan_layers):
+  """Residual dropout changes outputs only when a "dropout" rng is passed (training)."""
+  import dataclasses
+  batch = jax.tree.map(jnp.asarray, layout_batch(True))
+  plain = MoT(dataclasses.replace(CFG, scan_layers=scan_layers))
+  dropped = MoT(dataclasses.replace(CFG, scan_layers=scan_layers, dropout_rate=0.3))
+  inputs = inputs_from_batch(batch)
+  params = plain.init(jax.random.PRNGKey(0), inputs)["params"]
+  reference = plain.apply({"params": params}, inputs)[:2]
+  # No rng (sampling, evaluation): exactly the model without dropout.
+  chex.assert_trees_all_equal(dropped.apply({"params": params}, inputs)[:2], reference)
+  train = lambda seed: dropped.apply({"params": params}, inputs,
+                                     rngs={"dropout": jax.random.PRNGKey(seed)})[:2]
+  a, b = train(1), train(2)
+  chex.assert_trees_all_equal(a, train(1))  # a given key is reproducible
+  for x, y, z in zip(a, b, reference):
+    assert np.abs(np.asarray(x - y)).max() > 1e-3   # keys differ -> masks differ
+    assert np.abs(np.asarray(x - z)).max() > 1e-3   # and differ from no dropout
+
+
 @pytest.mark.parametrize("cache_index,new", [(0, 5), (7, 1), (9, 3)])
 def test_cached_attention_equals_attention_over_updated_cache(cache_index, new):
   """The cache path never writes the cache itself; its output must equal plain
