@@ -70,4 +70,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  cli.maybe_reexec_with_tcmalloc()  # XLA CPU temporaries: see mot/cli.py
   cli.run(main)

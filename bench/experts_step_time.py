@@ -88,4 +88,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  cli.maybe_reexec_with_tcmalloc()  # as train.py
   cli.run(main)

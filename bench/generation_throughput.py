@@ -70,4 +70,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  from mot import cli
+  cli.maybe_reexec_with_tcmalloc()  # as train.py and sample.py
   app.run(main)

@@ -286,4 +286,5 @@ def main(argv):
 
 if __name__ == "__main__":
   from mot import cli
+  cli.maybe_reexec_with_tcmalloc()  # as train.py: time what a training run gets
   cli.run(main)

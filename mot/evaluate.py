@@ -366,5 +366,6 @@ def _define_flags():
 
 if __name__ == "__main__":
   from mot import cli as _cli  # pylint: disable=g-import-not-at-top
+  _cli.maybe_reexec_with_tcmalloc()  # as train.py
   _define_flags()
   _cli.run(main)
