@@ -41,6 +41,8 @@ def train_cases(workdir, a_file):
       "zero steps": [*TINY, *w, "--config.num_train_steps=0"],
       "negative batch": [*TINY, *w, "--config.batch_size=-4"],
       "bad learning rate": [*TINY, *w, "--config.learning_rate=-1.0"],
+      "dropout out of range": [*TINY, *w, "--config.model.dropout_rate=1.5"],
+      "zero time shift": [*TINY, *w, "--config.sample.shift=0.0"],
       "stray argument": [*TINY, *w, "extra"],
   }
 
