@@ -31,7 +31,6 @@ class ModelConfig:
   num_kv_heads: int = 2
   head_dim: int = 64
   mlp_dim: int = 1024
-  fused_mlp: bool = True                 # gate and up projections in one matmul
   patch_dim: int = 4                     # P: width of the `patches` field
   modality_patch_dims: tuple[int, ...] = (0, 4, 4, 2)  # valid patch dims per modality id
   rope_sections: tuple[int, int, int] = (8, 12, 12)

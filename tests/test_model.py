@@ -127,33 +127,6 @@ def test_remat_policy_gives_same_gradients():
   chex.assert_trees_all_close(g1, g2, atol=1e-5)
 
 
-def test_split_mlp_equals_fused_mlp():
-  """fused_mlp=False computes the same function with the gate/up kernel cut in two."""
-  import dataclasses
-  from flax import linen as nn
-  batch = jax.tree.map(jnp.asarray, layout_batch(True))
-  fused = MoT(CFG)
-  split = MoT(dataclasses.replace(CFG, fused_mlp=False))
-  inputs = inputs_from_batch(batch)
-  params = nn.meta.unbox(fused.init(jax.random.PRNGKey(0), inputs)["params"])
-  split_params = nn.meta.unbox(split.init(jax.random.PRNGKey(0), inputs)["params"])
-  mlp = params["backbone"]["layers"]["block"]["mlp"]
-  split_mlp = split_params["backbone"]["layers"]["block"]["mlp"]
-  assert set(split_mlp) == {"wi_gate", "wi_up", "wo"}
-  kernel = mlp["wi"]["kernel"]                      # [layers, d, 2, mlp]
-  split_mlp["wi_gate"]["kernel"] = kernel[:, :, 0]
-  split_mlp["wi_up"]["kernel"] = kernel[:, :, 1]
-  split_mlp["wo"] = mlp["wo"]
-  for name in params:
-    if name != "backbone":
-      split_params[name] = params[name]
-  for name, value in params["backbone"]["layers"]["block"].items():
-    if name != "mlp":
-      split_params["backbone"]["layers"]["block"][name] = value
-  chex.assert_trees_all_close(split.apply({"params": split_params}, inputs)[:2],
-                              fused.apply({"params": params}, inputs)[:2], atol=1e-5)
-
-
 @pytest.mark.parametrize("scan_layers", [True, False])
 def test_dropout_only_with_a_dropout_rng(scan_layers):
   """Residual dropout changes outputs only when a "dropout" rng is passed (training)."""
