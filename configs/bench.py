@@ -51,7 +51,9 @@ def get_config(arg: str = "peer") -> ml_collections.ConfigDict:
   # ---- Model shared by both variants. ----
   c.model.head_dim = 64              # per-head width
   c.model.rope_sections = (8, 12, 12)  # M-RoPE (t, h, w) frequencies; sum = head_dim/2
-  c.model.scan_layers = True         # nn.scan over blocks: one compiled block
+  c.model.scan_layers = False        # unrolled blocks: 3-5 % faster steps here than nn.scan
+                                     # (no per-layer slicing and stacking of weights and
+                                     # gradients) and a compile still under 10 s
   c.model.remat_policy = "none"      # nothing recomputed: activations fit easily on CPU
   c.model.dtype = "float32"          # bf16 matmuls are slower than f32 on this CPU
 
