@@ -40,7 +40,9 @@ class Block(nn.Module):
 
   Residual dropout (`cfg.dropout_rate`) applies to both branches only when the caller
   passes a "dropout" rng (training); sampling and evaluation pass none, so they are
-  deterministic without a flag threaded through every call. With `groups` (experts), x is the grouped buffer [R, d] and every sub-layer but the
+  deterministic without a flag threaded through every call.
+
+  With `groups` (experts), x is the grouped buffer [R, d] and every sub-layer but the
   attention itself uses the token's own expert (`mot.experts`).
   """
   cfg: ModelConfig

@@ -157,7 +157,7 @@ def compute_losses(params, batch, rng, model: MoT, config, train: bool = True):
   dropped = cfg_dropout(rng_drop, batch, config.cond_drop_prob)
   inputs = inputs_from_batch(batch, patches=x_t, timesteps=t, keep=~dropped)
   # fold_in, not a 4th split: runs without dropout keep their exact random stream.
-  rngs = {"dropout": jax.random.fold_in(rng, 3)} if train and cfg.dropout_rate > 0 else {}
+  rngs = {"dropout": jax.random.fold_in(rng, 3)} if train else {}
   logits, velocity, _ = model.apply({"params": params}, inputs, rngs=rngs)
 
   # A dropped caption is not a target either: the model cannot see the tokens before it.
