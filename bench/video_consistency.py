@@ -45,8 +45,11 @@ def main(argv):
   from mot.checkpoint import CheckpointError
   from mot.data import digits, moving_digits
   from mot.pipeline import InputError, Pipeline
+  if FLAGS.clips_per_digit < 1:
+    cli.fail(f"--clips_per_digit={FLAGS.clips_per_digit} must be >= 1")
   try:
     pipe = Pipeline.from_workdir(FLAGS.workdir)
+    pipe._require_video("bench.video_consistency")  # pylint: disable=protected-access
     labels = np.repeat(np.arange(10), FLAGS.clips_per_digit)
     clips = pipe.generate([moving_digits.caption(int(k), "right") for k in labels],
                           seed=FLAGS.seed)
