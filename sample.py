@@ -50,6 +50,10 @@ flags.DEFINE_string("actions", None, "Video checkpoints, --mode generate: the ac
                     "K actions give a clip of K + 1 frames.")
 flags.DEFINE_integer("num_frames", None, "Video checkpoints, --mode generate from a "
                      "--prompt: frames per clip (default: the config's data.num_frames).")
+flags.DEFINE_integer("reason_shifts", None, "--mode reason on images: read each image in "
+                     "its (2s+1)^2 views shifted by up to s pixels (0-2) and answer from "
+                     "their mean log-probabilities (default: the config's "
+                     "sample.reason_shifts; 0 reads the image once).")
 flags.DEFINE_integer("seed", 0, "Seed of the noise and of token sampling; fixed seed, same output.")
 flags.mark_flag_as_required("workdir")
 
@@ -66,7 +70,7 @@ def main(argv):
     pipeline.run_sample(FLAGS.workdir, FLAGS.mode, images, FLAGS.prompt, FLAGS.json,
                         FLAGS.num_samples, FLAGS.out, FLAGS.steps, FLAGS.cfg_scale,
                         FLAGS.sampler, FLAGS.seed, actions=FLAGS.actions,
-                        num_frames=FLAGS.num_frames)
+                        num_frames=FLAGS.num_frames, reason_shifts=FLAGS.reason_shifts)
 
 
 if __name__ == "__main__":

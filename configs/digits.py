@@ -124,6 +124,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.sample.sampler = "euler"         # "euler" | "heun"
   c.sample.cfg_scale = 1.0           # classifier-free guidance scale (1 = conditional only)
   c.sample.shift = 1.0               # time-grid shift (SD3): > 1 spends more steps near noise
+  c.sample.reason_shifts = 1         # reading: answer from the 9 views of the image shifted
+                                     # by up to 1 px (the training shifts); 0: one view
 
   if variant == "tiny":
     c.num_train_steps = 4

@@ -40,4 +40,5 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   d.examples_per_row = 2             # examples drawn per packed row
   d.task_weights = ml_collections.ConfigDict(
       {"generation": 0.45, "reasoning": 0.45, "text": 0.1})  # no digit-only tasks
+  c.sample.reason_shifts = 0         # read photos as given (they were not shifted in training)
   return c

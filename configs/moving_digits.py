@@ -62,6 +62,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
 
   # ---- Sampling defaults (sample.py, evaluation). ----
   c.sample.steps = 24                # denoising steps
+  c.sample.reason_shifts = 0         # clips are read as given (test-time shifts: images only)
 
   if variant == "tiny":
     c.num_train_steps = 2

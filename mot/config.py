@@ -152,6 +152,11 @@ def validate(config: Any) -> ModelConfig:
   shift = (config.get("sample") or {}).get("shift", 1.0)
   _check(isinstance(shift, (int, float)) and shift > 0,
          f"config.sample.shift={shift!r} must be a positive number (1: the uniform time grid)")
+  reason_shifts = (config.get("sample") or {}).get("reason_shifts", 0)
+  _check(isinstance(reason_shifts, int) and not isinstance(reason_shifts, bool)
+         and 0 <= reason_shifts <= 2,
+         f"config.sample.reason_shifts={reason_shifts!r} must be 0 (off), 1 or 2 (pixels of "
+         "test-time shift when reading an image)")
   _check(not config.get("freeze_understanding", False) or model.experts == "mode",
          "config.freeze_understanding=True needs the understanding expert: set "
          "config.model.experts='mode'")

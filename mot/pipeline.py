@@ -33,6 +33,7 @@ import numpy as np
 
 from mot import tokenizer as tokenizer_lib
 from mot.data import digits
+from mot.data import tasks
 from mot.data.builder import SequenceBuilder
 
 DEFAULT_QUESTION = "What digit is this?"   # = mot.data.tasks.QUESTION (not imported: cheap)
@@ -313,6 +314,7 @@ class Pipeline:
     self.default_sampler = str(sample.get("sampler", "euler"))
     self.default_cfg_scale = float(sample.get("cfg_scale", 1.0))
     self.time_shift = float(sample.get("shift", 1.0))
+    self.default_reason_shifts = int(sample.get("reason_shifts", 0))
 
   @classmethod
   def from_workdir(cls, workdir: str, use_ema: bool = True, step: int | None = None
@@ -439,7 +441,8 @@ class Pipeline:
   # -------------------------------------------------------------------------- reason ----
   def reason(self, prompt: str | Sequence[str] | None = None, images: Any = None,
              video: Any = None, max_new_tokens: int = 16, temperature: float = 0.0,
-             top_k: int = 0, top_p: float = 1.0, seed: int = 0) -> str | list[str]:
+             top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+             shifts: int | None = None) -> str | list[str]:
     """Answers prompts with the AR head, in one batched jitted decode (chunked if large).
 
     Args:
@@ -453,6 +456,11 @@ class Pipeline:
       max_new_tokens: most tokens per answer; decoding stops at EOS.
       temperature: 0 is greedy; otherwise top_k (0 = off) and top_p (1 = off) filter.
       seed: sampling seed (row i always draws from the same stream).
+      shifts: test-time augmentation for images: each image is read in the (2s+1)^2
+        views moved by -s..s pixels per axis (background-filled, as the training shifts)
+        and one answer is decoded from the views' mean log-probabilities
+        (`sampling.decode(views=...)`). 0 reads the image as given; None takes
+        config.sample.reason_shifts. Needs images.
     Returns:
       The answer (str) for one prompt and at most one image, else a list of answers.
     """
@@ -474,20 +482,34 @@ class Pipeline:
     if unit is not None and len(prompts) not in (1, len(unit)):
       raise InputError(f"{len(prompts)} prompts for {len(unit)} images: give one prompt, "
                        "or one per image")
+    views = self._shift_views(shifts, unit is not None)
     n = len(prompts) if unit is None else len(unit)
     if clips is not None and len(clips) > 1:
       n = len(clips)
     examples = []
     for i in range(n):
       text = prompts[i if len(prompts) > 1 else 0]
-      image = None if unit is None else unit[i]
       clip = None if clips is None else clips[i if len(clips) > 1 else 0]
-      ex = self.reasoning_prompt(text, image, clip)
-      self._check_length(len(ex["tokens"]), max_new_tokens, "prompt plus answer")
-      examples.append(ex)
-    ids = self._decode(examples, max_new_tokens, temperature, top_k, top_p, seed)
+      for dy, dx in views:
+        image = None if unit is None else tasks.shift_image(unit[i], dy, dx, background=0.0)
+        ex = self.reasoning_prompt(text, image, clip)
+        self._check_length(len(ex["tokens"]), max_new_tokens, "prompt plus answer")
+        examples.append(ex)
+    ids = self._decode(examples, max_new_tokens, temperature, top_k, top_p, seed,
+                       views=len(views))
     answers = [_TOKENIZER.decode(row).strip() for row in ids]
     return answers[0] if single and single_image and n == 1 else answers
+
+  def _shift_views(self, shifts: int | None, has_images: bool) -> list[tuple[int, int]]:
+    """The (dy, dx) views `reason` reads each image in: [(0, 0)] without test-time shifts."""
+    if shifts is None:
+      shifts = self.default_reason_shifts if has_images else 0
+    if not (isinstance(shifts, (int, np.integer)) and 0 <= shifts <= 2):
+      raise InputError(f"shifts={shifts!r} must be 0 (off), 1 or 2 pixels")
+    if shifts and not has_images:
+      raise InputError(f"shifts={shifts} moves images, but no image was given: use shifts=0")
+    r = range(-int(shifts), int(shifts) + 1)
+    return [(dy, dx) for dy in r for dx in r]
 
   def _check_decoding(self, max_new_tokens, temperature, top_k, top_p) -> None:
     if not (isinstance(max_new_tokens, (int, np.integer)) and max_new_tokens >= 1):
@@ -499,21 +521,24 @@ class Pipeline:
     if not (math.isfinite(top_p) and 0 < top_p <= 1):
       raise InputError(f"top_p={top_p!r} must be in (0, 1] (1 = off)")
 
-  def _decode(self, examples, max_new_tokens, temperature, top_k, top_p, seed
+  def _decode(self, examples, max_new_tokens, temperature, top_k, top_p, seed, views=1
               ) -> list[list[int]]:
-    """Answer ids (up to, without, the stop token) of each example."""
+    """Answer ids (up to, without, the stop token) of each example, or of each group of
+    `views` consecutive examples decoded as one ensemble (`sampling.decode`)."""
     from mot import sampling  # pylint: disable=g-import-not-at-top
     import jax  # pylint: disable=g-import-not-at-top
     rng = jax.random.PRNGKey(seed)
     length = sampling.length_bucket(max(len(ex["tokens"]) for ex in examples))
     stop = sampling.stop_mask()
     out = []
-    for start, stop_i, batch in _chunks(len(examples), MAX_DECODE_BATCH):
-      padded = sampling.pad_left(examples[start:stop_i], length, batch,
-                                 row_ids=range(start, stop_i))
+    groups = len(examples) // views
+    for start, stop_i, batch in _chunks(groups, max(1, MAX_DECODE_BATCH // views)):
+      rows = (stop_i - start) * views
+      padded = sampling.pad_left(examples[start * views:stop_i * views], length,
+                                 batch * views, row_ids=range(start * views, stop_i * views))
       tokens, _ = sampling.decode(self.model, self.params, padded, max_new_tokens, rng,
-                                  temperature, top_k, top_p)
-      for row in tokens[:stop_i - start]:
+                                  temperature, top_k, top_p, views=views)
+      for row in tokens[:rows:views]:
         ends = np.flatnonzero(stop[row])
         out.append([int(t) for t in row[:ends[0] if ends.size else len(row)]])
     return out
@@ -741,7 +766,7 @@ def run_sample(workdir: str, mode: str, images: Sequence[str] = (),
                out: str | None = None, steps: int | None = None,
                cfg_scale: float | None = None, sampler: str | None = None, seed: int = 0,
                stdout=None, actions: str | None = None,
-               num_frames: int | None = None) -> None:
+               num_frames: int | None = None, reason_shifts: int | None = None) -> None:
   """sample.py: validates every input, loads the checkpoint, samples, then writes.
 
   Nothing is written (files or stdout) before all inputs are checked and all sampling
@@ -754,6 +779,11 @@ def run_sample(workdir: str, mode: str, images: Sequence[str] = (),
   # ---- Inputs first: cheap checks before the checkpoint is read. ----
   if mode not in MODES:
     raise InputError(f"--mode {mode!r} is unknown: use one of {MODES}")
+  if reason_shifts is not None and mode != "reason":
+    raise InputError(f"--reason_shifts is for --mode reason, not --mode {mode}: drop it")
+  if reason_shifts is not None and reason_shifts not in (0, 1, 2):
+    raise InputError(f"--reason_shifts: shifts={reason_shifts!r} must be 0 (off), 1 or 2 "
+                     "pixels")
   action_array = None
   if actions is not None:
     if mode != "generate":
@@ -795,6 +825,8 @@ def run_sample(workdir: str, mode: str, images: Sequence[str] = (),
     pipe._require_video("--actions" if action_array is not None else "--num_frames")  # pylint: disable=protected-access
   settings = {"workdir": os.path.abspath(workdir), "checkpoint_step": pipe.step,
               "mode": mode, "seed": seed}
+  if pipe.is_video and reason_shifts:
+    raise InputError("--reason_shifts moves still images; this is a video checkpoint: drop it")
   if pipe.is_video:
     return _run_video(pipe, settings, mode, images, prompts, as_json, num_samples, out,
                       steps, cfg_scale, sampler, seed, stdout, action_array, num_frames)
@@ -804,10 +836,11 @@ def run_sample(workdir: str, mode: str, images: Sequence[str] = (),
     if paths:
       pairs = [(path, p) for path in paths for p in prompts]
       answers = pipe.reason([p for _, p in pairs], seed=seed,
-                            images=[x for x in pixels for _ in prompts])
+                            images=[x for x in pixels for _ in prompts],
+                            shifts=reason_shifts)
     else:
       pairs = [(None, p) for p in prompts]
-      answers = pipe.reason(list(prompts), seed=seed)
+      answers = pipe.reason(list(prompts), seed=seed, shifts=reason_shifts)
     _print_answers(pairs, answers, as_json, stdout, "image")
     return
 

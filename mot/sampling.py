@@ -177,10 +177,21 @@ def _concat_ids(a: masks.MaskIds, b: masks.MaskIds) -> masks.MaskIds:
   return jax.tree.map(lambda x, y: jnp.concatenate([x, y], axis=1), a, b)
 
 
+def ensemble_logits(logits: Array, views: int) -> Array:
+  """float [B, V] -> [B, V]: each group of `views` consecutive rows gets the group's mean
+  log-probabilities (a product of experts: every view must find the token likely)."""
+  if views == 1:
+    return logits
+  b, v = logits.shape
+  mean = jax.nn.log_softmax(logits, axis=-1).reshape(b // views, views, v).mean(axis=1)
+  return jnp.repeat(mean, views, axis=0)
+
+
 @functools.lru_cache(maxsize=32)
-def _decode_fn(model: MoT, max_new_tokens: int):
+def _decode_fn(model: MoT, max_new_tokens: int, views: int = 1):
   """Jitted (params, batch, rng, temperature, top_k, top_p, stop, limit) -> (tokens,
-  logits) for up to `max_new_tokens` (static: shapes) and `limit` (traced) tokens."""
+  logits) for up to `max_new_tokens` (static: shapes) and `limit` (traced) tokens;
+  `views` (static) groups rows into ensembles (see `decode`)."""
 
   def run(params, batch, rng, temperature, top_k, top_p, stop, limit):
     b, lp = batch["tokens"].shape
@@ -199,16 +210,19 @@ def _decode_fn(model: MoT, max_new_tokens: int):
     logits, cache = apply(prompt, cache=cache, cache_index=0, cache_ids=cache_ids)
 
     def pick(logits, step, done):
-      keys = _row_keys(rng, batch["row_id"], step)
+      # An ensemble's rows share the first row's key, so they draw the same token.
+      row_id = jnp.repeat(batch["row_id"][::views], views)
+      keys = _row_keys(rng, row_id, step)
       tok = sample_logits(logits, keys, temperature, top_k, top_p)
       tok = jnp.where(done, tokenizer.PAD, tok)
       return tok, done | stop[tok]
 
     # Rows that are all padding (batch filler) count as stopped from the start.
-    tok, done = pick(logits[:, -1], 0, batch["segment_ids"][:, -1] == 0)
+    first = ensemble_logits(logits[:, -1], views)
+    tok, done = pick(first, 0, batch["segment_ids"][:, -1] == 0)
     tokens = jnp.zeros((b, n), jnp.int32).at[:, 0].set(tok)
     # The logits each token was drawn from (cheap at this vocabulary; tests compare them).
-    all_logits = jnp.zeros((b, n, logits.shape[-1]), jnp.float32).at[:, 0].set(logits[:, -1])
+    all_logits = jnp.zeros((b, n, logits.shape[-1]), jnp.float32).at[:, 0].set(first)
 
     def cond(carry):
       i, _, _, done, _ = carry
@@ -227,9 +241,11 @@ def _decode_fn(model: MoT, max_new_tokens: int):
           timesteps=jnp.zeros((b, 1), jnp.float32), mask_ids=step_ids)
       logits, cache = apply(inputs, cache=cache, cache_index=lp + i - 1,
                             cache_ids=cache_ids)
-      tok, new_done = pick(logits[:, -1], i, done)
+      logits = ensemble_logits(logits[:, -1], views)
+      tok, new_done = pick(logits, i, done)
       tokens = jax.lax.dynamic_update_slice_in_dim(tokens, tok[:, None], i, axis=1)
-      all_logits = jax.lax.dynamic_update_slice_in_dim(all_logits, logits, i, axis=1)
+      all_logits = jax.lax.dynamic_update_slice_in_dim(all_logits, logits[:, None], i,
+                                                       axis=1)
       return i + 1, cache, tokens, new_done, all_logits
 
     carry = (jnp.int32(1), cache, tokens, done, all_logits)
@@ -242,20 +258,29 @@ def _decode_fn(model: MoT, max_new_tokens: int):
 def decode(model: MoT, params, batch: dict[str, np.ndarray], max_new_tokens: int,
            rng: Array | int = 0, temperature: float = 0.0, top_k: int = 0,
            top_p: float = 1.0, stop_tokens: Sequence[int] | None = None,
-           ) -> tuple[np.ndarray, np.ndarray]:
+           views: int = 1) -> tuple[np.ndarray, np.ndarray]:
   """Decodes up to max_new_tokens after each prompt of a `pad_left` batch.
 
   Returns (tokens int32 [B, max_new_tokens], logits float32 [B, max_new_tokens, V]):
   row b's i-th token was drawn from logits[b, i]. After a row's stop token its remaining
   tokens are PAD (the stop token itself is kept); once every row has stopped the loop
   ends and the remaining logits are zeros.
+
+  views > 1 decodes an ensemble: rows come in consecutive groups of `views` (e.g. one
+  image seen shifted several ways, test-time augmentation) that share one answer. Each
+  token is drawn from the group's mean log-probabilities, with the group's first row's
+  random key, and fed back to every row of the group; `logits` then holds those mean
+  log-probabilities. B must be a multiple of views.
   """
   if max_new_tokens < 1:
     raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
+  if views < 1 or batch["tokens"].shape[0] % views:
+    raise ValueError(f"views={views} must be >= 1 and divide the batch "
+                     f"({batch['tokens'].shape[0]} rows)")
   if isinstance(rng, int):
     rng = jax.random.PRNGKey(rng)
   # Shapes are bucketed (multiples of 16 tokens) so that most calls share one compile.
-  fn = _decode_fn(model, round_up(int(max_new_tokens), 16))
+  fn = _decode_fn(model, round_up(int(max_new_tokens), 16), int(views))
   arrays = {k: jnp.asarray(v) for k, v in batch.items()}
   tokens, logits = fn(params, arrays, rng, jnp.float32(temperature), jnp.int32(top_k),
                       jnp.float32(top_p), jnp.asarray(stop_mask(stop_tokens)),

@@ -43,6 +43,7 @@ def train_cases(workdir, a_file):
       "bad learning rate": [*TINY, *w, "--config.learning_rate=-1.0"],
       "dropout out of range": [*TINY, *w, "--config.model.dropout_rate=1.5"],
       "zero time shift": [*TINY, *w, "--config.sample.shift=0.0"],
+      "reading shifts out of range": [*TINY, *w, "--config.sample.reason_shifts=3"],
       "stray argument": [*TINY, *w, "extra"],
   }
 

@@ -28,8 +28,9 @@ def test_protocol_figures_and_files(workdir):
   result = evaluate.evaluate_pipeline(pipe, samples_per_digit=2, steps=2)
   images = result["_images"]
   assert images.shape == (20, 8, 8) and images.min() >= 0 and images.max() <= 1
-  for key in ("reasoning_accuracy", "generation_accuracy"):
+  for key in ("reasoning_accuracy", "reasoning_accuracy_single_view", "generation_accuracy"):
     assert 0.0 <= result[key] <= 1.0
+  assert result["sampling"]["reason_shifts"] == 1    # configs/digits.py reads 9 views
   assert result["classifier_heldout_accuracy"] > 0.94
   assert result["frechet"] > 0 and result["frechet_floor"] > 0
   np.testing.assert_allclose(result["frechet_ratio"], result["frechet"] / result["frechet_floor"])

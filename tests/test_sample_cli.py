@@ -212,6 +212,11 @@ def bad_cases(workdir, tmp):
       ("no out", dict(gen, out=None), input_error, "--out"),
       ("no prompt", dict(gen, prompts=[]), input_error, "--prompt"),
       ("negative seed", dict(gen, seed=-1), input_error, "seed"),
+      ("shifts when generating", dict(gen, reason_shifts=1), input_error, "--reason_shifts"),
+      ("shifts out of range", dict(workdir=workdir, mode="reason", reason_shifts=3,
+                                   images=[str(tmp / "x.png")]), input_error, "shifts="),
+      ("shifts without images", dict(workdir=workdir, mode="reason", prompts=["hi"],
+                                     reason_shifts=1), input_error, "no image"),
   ]
 
 

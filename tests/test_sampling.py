@@ -2,6 +2,7 @@
 a flow with a known answer, batching and seeds change nothing they should not."""
 import functools
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -133,6 +134,52 @@ def test_sampled_decoding_is_reproducible_and_chunk_independent(pipe, monkeypatc
   from mot import pipeline
   monkeypatch.setattr(pipeline, "MAX_DECODE_BATCH", 2)   # rows split over two calls
   assert pipe.reason(texts, **kw) == whole
+
+
+def test_ensemble_decoding_follows_the_views_mean_log_probabilities(pipe):
+  # Two groups of three views: every row of a group gets the same tokens, each drawn
+  # from the group's mean log-softmax, which the uncached forward reproduces.
+  prompts = [pipe.reasoning_prompt("digit?", _image(i)) for i in range(6)]
+  n = 4
+  batch = sampling.pad_left(prompts, length=32, batch=6)
+  tokens, logits = sampling.decode(pipe.model, pipe.params, batch, n, stop_tokens=[],
+                                   views=3)
+  chex.assert_shape(logits, (6, n, tokenizer.VOCAB_SIZE))
+  for g in (0, 3):
+    np.testing.assert_array_equal(tokens[g], tokens[g + 1])
+    np.testing.assert_array_equal(tokens[g], tokens[g + 2])
+    full = [_full_example(pipe, tokens[g, :-1], _image(i), "digit?") for i in range(g, g + 3)]
+    ref = jax.nn.log_softmax(_full_forward(pipe, full)[0], -1)
+    start = len(prompts[g]["tokens"]) - 1  # same length for every view
+    mean = np.asarray(ref[:, start:start + n]).mean(0)
+    np.testing.assert_allclose(logits[g], mean, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(tokens[g], np.argmax(mean, -1))
+  with pytest.raises(ValueError, match="views=4"):
+    sampling.decode(pipe.model, pipe.params, batch, n, views=4)
+
+
+def test_reading_with_test_time_shifts(pipe, monkeypatch):
+  images = np.stack([_image(1), _image(2), _image(3)])
+  plain = pipe.reason("digit?", images=images, max_new_tokens=3, shifts=0)
+  assert plain == pipe.reason("digit?", images=images, max_new_tokens=3)  # config: 0
+  shifted = pipe.reason("digit?", images=images, max_new_tokens=3, shifts=1)
+  assert len(shifted) == 3 and all(isinstance(a, str) for a in shifted)
+  # One image alone, or its nine views split over several decode calls: the same answer.
+  assert pipe.reason("digit?", images=images[1], max_new_tokens=3, shifts=1) == shifted[1]
+  from mot import pipeline
+  monkeypatch.setattr(pipeline, "MAX_DECODE_BATCH", 9)   # one image's views per call
+  assert pipe.reason("digit?", images=images, max_new_tokens=3, shifts=1) == shifted
+  # The views are the training shifts: a 1-pixel move, background-filled.
+  from mot.data import tasks
+  img = np.zeros((8, 8), np.float32)
+  img[0, 0] = img[3, 4] = 1.0
+  moved = tasks.shift_image(img, 1, -1, background=0.0)
+  assert moved[4, 3] == 1.0 and moved.sum() == 1.0   # the corner pixel left the frame
+  for bad in (-1, 3, 1.5):
+    with pytest.raises(InputError, match="shifts="):
+      pipe.reason("digit?", images=images[0], shifts=bad)
+  with pytest.raises(InputError, match="no image"):
+    pipe.reason("hello", shifts=1)
 
 
 def test_decoding_stops_at_stop_tokens(pipe):

@@ -244,15 +244,22 @@ def random_rotate_scale(image: np.ndarray, max_degrees: float, scale_jitter: flo
 
 
 def random_shift(image: np.ndarray, max_shift: int, rng: np.random.Generator) -> np.ndarray:
-  """float [H, W] image translated by up to ±max_shift pixels per axis, background-filled.
-
-  Pixels shifted out are lost; uncovered pixels become BACKGROUND (-1).
-  """
+  """float [H, W] image translated by up to ±max_shift pixels per axis (`shift_image`)."""
   dy, dx = rng.integers(-max_shift, max_shift + 1, size=2)
-  h, w = image.shape
-  out = np.full_like(image, digits.BACKGROUND)
-  out[max(dy, 0):h + min(dy, 0), max(dx, 0):w + min(dx, 0)] = (
-      image[max(-dy, 0):h + min(-dy, 0), max(-dx, 0):w + min(-dx, 0)])
+  return shift_image(image, int(dy), int(dx))
+
+
+def shift_image(image: np.ndarray, dy: int, dx: int,
+                background: float = digits.BACKGROUND) -> np.ndarray:
+  """float [..., H, W] images moved dy rows down and dx columns right.
+
+  Pixels shifted out are lost; uncovered pixels become `background` (BACKGROUND, -1, in
+  the model's scale; 0 for images in [0, 1]).
+  """
+  h, w = image.shape[-2:]
+  out = np.full_like(image, background)
+  out[..., max(dy, 0):h + min(dy, 0), max(dx, 0):w + min(dx, 0)] = (
+      image[..., max(-dy, 0):h + min(-dy, 0), max(-dx, 0):w + min(-dx, 0)])
   return out
 
 
