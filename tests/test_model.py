@@ -94,6 +94,17 @@ def test_clean_block_is_read_by_later_text(model_and_params):
   assert not np.allclose(la[0, 9], lb[0, 9], atol=1e-5)
 
 
+def test_swiglu_custom_gradient_equals_autodiff():
+  import flax.linen as nn
+  from mot.layers import swiglu
+  gate_up = 3 * jax.random.normal(jax.random.PRNGKey(0), (2, 7, 2, 24))
+  weights = jax.random.normal(jax.random.PRNGKey(1), (2, 7, 24))
+  plain = lambda a: nn.silu(a[..., 0, :]) * a[..., 1, :]
+  chex.assert_trees_all_close(swiglu(gate_up), plain(gate_up), rtol=1e-6)
+  grad = lambda f: jax.grad(lambda a: jnp.sum(f(a) * weights))(gate_up)
+  chex.assert_trees_all_close(grad(swiglu), grad(plain), rtol=1e-5, atol=1e-6)
+
+
 def test_scan_and_loop_agree():
   import dataclasses
   batch = jax.tree.map(jnp.asarray, layout_batch(False))
