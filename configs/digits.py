@@ -24,7 +24,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.seed = 0                         # seeds init, data order, noise and dropout
 
   # ---- Optimisation. ----
-  c.num_train_steps = 1200           # total optimizer steps (8 min 49 s on 2 CPU cores, eval incl.)
+  c.num_train_steps = 1200           # total optimizer steps (~9 min on 2 quiet CPU cores, eval incl.)
   c.batch_size = 32                  # global batch in packed rows
   c.learning_rate = 2e-3             # peak AdamW learning rate
   c.warmup_steps = 100               # linear warm-up steps, then cosine decay

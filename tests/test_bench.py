@@ -71,3 +71,14 @@ def test_shifted_frame_correlation_separates_real_motion_from_per_phase_drawings
   mixed = np.stack([np.stack([phases[f % 4][f] for f in range(8)])])
   corr = shifted_frame_correlation(mixed)
   assert corr[4] > 0.999 and max(corr[1], corr[2], corr[3]) < 0.9
+
+
+def test_swiglu_gradient_bench_times_both_versions_with_equal_gradients():
+  proc = subprocess.run(
+      [sys.executable, "-m", "bench.swiglu_gradient", "--config", "configs/digits.py:tiny",
+       "--steps", "2"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert result["custom_ms"] > 0 and result["autodiff_ms"] > 0 and result["steps_each"] == 2
+  assert result["distinct_programs"] is True   # the autodiff version really was traced
+  assert result["max_grad_difference"] < 1e-4
