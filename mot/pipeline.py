@@ -33,7 +33,6 @@ import numpy as np
 
 from mot import tokenizer as tokenizer_lib
 from mot.data import digits
-from mot.data import tasks
 from mot.data.builder import SequenceBuilder
 
 DEFAULT_QUESTION = "What digit is this?"   # = mot.data.tasks.QUESTION (not imported: cheap)
@@ -43,6 +42,10 @@ IMAGE_SIZES = {"digits": 8, "moving_digits": 16}  # config.data.dataset -> image
 VIDEO_QUESTION = "Which digit moves, and where?"  # = mot.data.moving_digits.QUESTION
 GIF_SCALE = 8                             # GIF pixels per model pixel
 GIF_FRAME_MS = 150                        # GIF frame duration
+# Config files whose defaults fill fields an older checkpoint's saved config lacks.
+_DEFAULT_CONFIGS = {"moving_digits": "configs.moving_digits",
+                    "image_folder": "configs.image_folder",
+                    "array_record": "configs.image_folder"}
 MAX_DECODE_BATCH = 256                    # rows per jitted decode call
 MAX_SAMPLE_BATCH = 128                    # samples per jitted denoise call (x2 with CFG)
 _TOKENIZER = tokenizer_lib.Tokenizer()
@@ -231,14 +234,14 @@ def grid(images: np.ndarray, rows: int, gap: int = 1, scale: int = 8) -> np.ndar
 # ----------------------------------------------------------------------------------------
 def complete_config(saved: dict) -> Any:
   """ConfigDict of a checkpoint's saved config, with fields added to configs/digits.py
-  (configs/moving_digits.py for a moving-digits run) since it was saved filled in from
-  that file's defaults (for its saved variant)."""
+  (configs/moving_digits.py for a moving-digits run, configs/image_folder.py for one on
+  your own images) since it was saved filled in from that file's defaults (for its saved
+  variant)."""
   import importlib  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top
   dataset = (saved.get("data") or {}).get("dataset")
   try:
-    default_config = importlib.import_module(
-        "configs.moving_digits" if dataset == "moving_digits" else "configs.digits")
+    default_config = importlib.import_module(_DEFAULT_CONFIGS.get(dataset, "configs.digits"))
     base = default_config.get_config(saved.get("variant") or "").to_dict()
   except Exception:  # pylint: disable=broad-except  (not run from the repo: saved as is)
     base = {}
@@ -482,6 +485,7 @@ class Pipeline:
     if unit is not None and len(prompts) not in (1, len(unit)):
       raise InputError(f"{len(prompts)} prompts for {len(unit)} images: give one prompt, "
                        "or one per image")
+    from mot.data.tasks import shift_image  # pylint: disable=g-import-not-at-top
     views = self._shift_views(shifts, unit is not None)
     n = len(prompts) if unit is None else len(unit)
     if clips is not None and len(clips) > 1:
@@ -491,7 +495,7 @@ class Pipeline:
       text = prompts[i if len(prompts) > 1 else 0]
       clip = None if clips is None else clips[i if len(clips) > 1 else 0]
       for dy, dx in views:
-        image = None if unit is None else tasks.shift_image(unit[i], dy, dx, background=0.0)
+        image = None if unit is None else shift_image(unit[i], dy, dx, background=0.0)
         ex = self.reasoning_prompt(text, image, clip)
         self._check_length(len(ex["tokens"]), max_new_tokens, "prompt plus answer")
         examples.append(ex)

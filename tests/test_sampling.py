@@ -161,9 +161,12 @@ def test_ensemble_decoding_follows_the_views_mean_log_probabilities(pipe):
 def test_reading_with_test_time_shifts(pipe, monkeypatch):
   images = np.stack([_image(1), _image(2), _image(3)])
   plain = pipe.reason("digit?", images=images, max_new_tokens=3, shifts=0)
-  assert plain == pipe.reason("digit?", images=images, max_new_tokens=3)  # config: 0
   shifted = pipe.reason("digit?", images=images, max_new_tokens=3, shifts=1)
   assert len(shifted) == 3 and all(isinstance(a, str) for a in shifted)
+  assert pipe.default_reason_shifts == 1   # configs/digits.py; None takes it
+  assert pipe.reason("digit?", images=images, max_new_tokens=3) == shifted
+  assert plain == [pipe.reason("digit?", images=im, max_new_tokens=3, shifts=0)
+                   for im in images]
   # One image alone, or its nine views split over several decode calls: the same answer.
   assert pipe.reason("digit?", images=images[1], max_new_tokens=3, shifts=1) == shifted[1]
   from mot import pipeline
