@@ -268,6 +268,12 @@ def _as_list(prompt: str | Sequence[str]) -> tuple[list[str], bool]:
   return prompts, single
 
 
+def _check_shifts(shifts) -> None:
+  """Test-time shifts for reading (`Pipeline.reason`): 0 (off), 1 or 2 pixels."""
+  if not (isinstance(shifts, (int, np.integer)) and 0 <= shifts <= 2):
+    raise InputError(f"shifts={shifts!r} must be 0 (off), 1 or 2 pixels (--reason_shifts)")
+
+
 def _check_seed(seed) -> int:
   if not (isinstance(seed, (int, np.integer)) and 0 <= seed < 2**32):
     raise InputError(f"seed={seed!r} must be an integer in [0, 2**32)")
@@ -508,8 +514,7 @@ class Pipeline:
     """The (dy, dx) views `reason` reads each image in: [(0, 0)] without test-time shifts."""
     if shifts is None:
       shifts = self.default_reason_shifts if has_images else 0
-    if not (isinstance(shifts, (int, np.integer)) and 0 <= shifts <= 2):
-      raise InputError(f"shifts={shifts!r} must be 0 (off), 1 or 2 pixels")
+    _check_shifts(shifts)
     if shifts and not has_images:
       raise InputError(f"shifts={shifts} moves images, but no image was given: use shifts=0")
     r = range(-int(shifts), int(shifts) + 1)
@@ -785,9 +790,8 @@ def run_sample(workdir: str, mode: str, images: Sequence[str] = (),
     raise InputError(f"--mode {mode!r} is unknown: use one of {MODES}")
   if reason_shifts is not None and mode != "reason":
     raise InputError(f"--reason_shifts is for --mode reason, not --mode {mode}: drop it")
-  if reason_shifts is not None and reason_shifts not in (0, 1, 2):
-    raise InputError(f"--reason_shifts: shifts={reason_shifts!r} must be 0 (off), 1 or 2 "
-                     "pixels")
+  if reason_shifts is not None:
+    _check_shifts(reason_shifts)
   action_array = None
   if actions is not None:
     if mode != "generate":
