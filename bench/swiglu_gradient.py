@@ -28,12 +28,6 @@ config_flags.DEFINE_config_file("config", "configs/bench.py:d512", "Config file 
 flags.DEFINE_integer("steps", 12, "Timed calls per version (after one warm-up call).")
 
 
-def autodiff_swiglu(gate_up):
-  """silu(gate) * up, differentiated by JAX (the version before the custom gradient)."""
-  import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  return nn.silu(gate_up[..., 0, :]) * gate_up[..., 1, :]
-
-
 def main(argv):
   del argv
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
@@ -58,7 +52,7 @@ def main(argv):
   custom = layers.swiglu
   fns, programs = {}, {}
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    for name, fn in (("custom", custom), ("autodiff", autodiff_swiglu)):
+    for name, fn in (("custom", custom), ("autodiff", layers.swiglu_autodiff)):
       layers.swiglu = fn                       # read when the jit below traces
       try:
         fns[name] = make_loss_and_grad()
