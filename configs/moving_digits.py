@@ -34,7 +34,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c = digits_config.get_config(arg)  # shared fields, each documented there
   c.variant = variant                # which variant of this file built the config
 
-  # ---- Optimisation: a default run is meant to take ~10 min on a 2-core CPU. ----
+  # ---- Optimisation: a default run takes ~22 min on a 2-core CPU (README). ----
   c.num_train_steps = 1500           # total optimizer steps
   c.batch_size = 16                  # global batch in packed rows (one clip example a row)
   c.learning_rate = 2e-3             # peak AdamW learning rate
@@ -47,7 +47,11 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.data.dataset = "moving_digits"   # clips of the bundled digits, drawn per example
   c.data.num_frames = FRAMES         # frames per clip (a digit moves 1 px a frame)
   c.data.canvas_size = CANVAS        # frame side in pixels; background -1
-  c.data.seq_len = 176               # row length: the longest example (video QA) is 169 tokens
+  c.data.video_layout = "frames"     # generated frames: one block a frame, teacher forced,
+                                     # drawn frame by frame ("clip": all in one block; see
+                                     # mot/data/moving_digits.py and the README)
+  c.data.seq_len = 288               # row length: the longest example (video generation,
+                                     # 15 frame blocks) is 278 tokens
   c.data.examples_per_row = 1        # one clip example a row (two would not fit)
   c.data.patch_size = PATCH          # frame -> (16/4)^2 = 16 patches of 16 pixels
   c.data.patch_dim = PATCH * PATCH   # width of the patches field (>= patch_size**2)
@@ -71,6 +75,6 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.eval_every_steps = 2
     c.checkpoint_every_steps = 2
     c.data.num_frames = 3            # short clips keep the test compile small
-    c.data.seq_len = 96
+    c.data.seq_len = 128             # its longest example (generation) is 118 tokens
     c.sample.steps = 3
   return c

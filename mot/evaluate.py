@@ -31,7 +31,8 @@ the digit (`crop_digits`):
 
 Writes DIR/eval.json (one record per evaluated step, newest last) and
 DIR/samples/grid_step_N.png (one row per digit; video: one row per clip, one column per
-frame, plus clips_step_N.gif). train.py runs the same evaluation
+frame, plus clips_step_N.gif and world_model_step_N.gif: real held-out clips over the
+world model's predictions from their first frames and actions). train.py runs the same evaluation
 every `eval_every_steps` and at the end, on the in-memory EMA parameters.
 """
 from __future__ import annotations
@@ -285,6 +286,7 @@ def evaluate_video(pipe, samples_per_digit: int = 20, steps=None, cfg_scale=None
                    "sampler": sampler or pipe.default_sampler, "seed": seed},
       "seconds": seconds,
       "_images": gen,
+      "_world_model_clips": (wm_true[:10], pred[:10]),  # real, predicted: for the GIF
   }
 
 
@@ -295,6 +297,14 @@ def write_results(workdir: str, result: dict[str, Any]) -> dict[str, Any]:
   os.makedirs(os.path.join(workdir, SAMPLES_DIR), exist_ok=True)
   grid_path = os.path.join(workdir, SAMPLES_DIR, f"grid_step_{result['step']}.png")
   per_digit = result["samples_per_digit"]
+  world_model = result.pop("_world_model_clips", None)
+  if world_model is not None:  # top row the real clips, bottom row the predicted ones
+    from mot.pipeline import save_gif  # pylint: disable=g-import-not-at-top
+    real, predicted = world_model
+    wm_path = os.path.join(workdir, SAMPLES_DIR, f"world_model_step_{result['step']}.gif")
+    save_gif(wm_path, np.stack([grid(np.concatenate([real[:, f], predicted[:, f]]), rows=2,
+                                     scale=1) for f in range(real.shape[1])]), scale=8)
+    result["world_model_gif"] = wm_path
   if images.ndim == 4:  # clips [N, T, H, W]: one row per digit (its first clip), T columns
     from mot.pipeline import save_gif  # pylint: disable=g-import-not-at-top
     first = images.reshape(10, per_digit, *images.shape[1:])[:, 0]

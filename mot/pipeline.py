@@ -232,6 +232,10 @@ def grid(images: np.ndarray, rows: int, gap: int = 1, scale: int = 8) -> np.ndar
 # ----------------------------------------------------------------------------------------
 # The pipeline.
 # ----------------------------------------------------------------------------------------
+# Fields whose default changed: a checkpoint saved without them ran the old behaviour.
+_SAVED_BEFORE = {"data": {"video_layout": "clip"}}
+
+
 def complete_config(saved: dict) -> Any:
   """ConfigDict of a checkpoint's saved config, with fields added to configs/digits.py
   (configs/moving_digits.py for a moving-digits run, configs/image_folder.py for one on
@@ -252,7 +256,7 @@ def complete_config(saved: dict) -> Any:
       out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
 
-  return ml_collections.ConfigDict(merge(base, saved))
+  return ml_collections.ConfigDict(merge(merge(base, _SAVED_BEFORE), saved))
 
 
 def _as_list(prompt: str | Sequence[str]) -> tuple[list[str], bool]:
@@ -317,6 +321,7 @@ class Pipeline:
         "canvas_size" if self.is_video else "image_size",
         IMAGE_SIZES.get(config.data.dataset, 8)))
     self.num_frames = int(config.data.get("num_frames", 8))
+    self.video_layout = str(config.data.get("video_layout", "clip"))
     self.context_length = int(config.data.seq_len)
     sample = config.get("sample") or {}
     self.default_steps = int(sample.get("steps", 32))
@@ -384,24 +389,69 @@ class Pipeline:
     side = self.image_size
     return digits.patchify(np.zeros((n, side, side), np.float32), self.patch_size)
 
-  def video_generation_example(self, text: str, num_frames: int) -> dict[str, np.ndarray]:
-    """BOS, text as conditioning, a noised clip of num_frames frames (caption -> clip)."""
+  def _add_frames_to_draw(self, b: SequenceBuilder, num_frames: int,
+                          drawn: np.ndarray | None, given: np.ndarray | None = None) -> None:
+    """Appends the frames to generate. Layout "clip": num_frames noised frames, one
+    block. Layout "frames": the `given` first frame [1, H, W] (if any, as conditioning)
+    and the frames drawn so far (float [k, H, W] in [0, 1]) clean, then the next frame
+    noised: the example that draws frame k (`_draw_clips`)."""
+    if self.video_layout == "clip":
+      b.add_video(self._blank_frames(num_frames), noised=True)
+      return
+    side = self.image_size
+    empty = np.zeros((0, side, side), np.float32)
+    given = empty if given is None else np.asarray(given, np.float32)
+    drawn = empty if drawn is None else np.asarray(drawn, np.float32)
+    known = np.concatenate([given, drawn])
+    patches = np.concatenate([digits.patchify(to_model_scale(known), self.patch_size),
+                              self._blank_frames(1)])
+    b.add_video_frames(patches, ["given"] * len(given) + ["clean"] * len(drawn) + ["noised"])
+
+  def video_generation_example(self, text: str, num_frames: int,
+                               drawn: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """BOS, text as conditioning, the clip to draw (caption -> clip; see
+    `_add_frames_to_draw` for `drawn`)."""
     b = SequenceBuilder(self.model_cfg.patch_dim)
     b.add_text([tokenizer_lib.BOS])
     b.add_text(self._encode(text), cond=True)
-    b.add_video(self._blank_frames(num_frames), noised=True)
+    self._add_frames_to_draw(b, num_frames, drawn)
     return b.build()
 
-  def world_model_example(self, first_frame: np.ndarray, actions: np.ndarray
-                          ) -> dict[str, np.ndarray]:
-    """BOS, [first frame [H, W] in [0, 1]], [actions [K, 2]], K noised frames."""
+  def world_model_example(self, first_frame: np.ndarray, actions: np.ndarray,
+                          drawn: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """The world-model layout (mot.data.moving_digits): first frame [H, W] in [0, 1],
+    actions [K, 2], the K frames to draw (`_add_frames_to_draw` for `drawn`)."""
     b = SequenceBuilder(self.model_cfg.patch_dim)
     b.add_text([tokenizer_lib.BOS])
-    b.add_video(digits.patchify(to_model_scale(first_frame[None]), self.patch_size),
-                noised=False, cond=True)
-    b.add_action(np.asarray(actions, np.float32), noised=False, cond=True)
-    b.add_video(self._blank_frames(len(actions)), noised=True)
+    if self.video_layout == "clip":
+      b.add_video(digits.patchify(to_model_scale(first_frame[None]), self.patch_size),
+                  noised=False, cond=True)
+      b.add_action(np.asarray(actions, np.float32), noised=False, cond=True)
+      self._add_frames_to_draw(b, len(actions), None)
+    else:  # as mot.data.moving_digits.world_model_example: the first frame opens the clip
+      b.add_action(np.asarray(actions, np.float32), noised=False, cond=True)
+      self._add_frames_to_draw(b, len(actions), drawn, given=first_frame[None])
     return b.build()
+
+  def _draw_clips(self, make_example, rows: int, num_frames: int, steps, cfg_scale, sampler,
+                  seed) -> np.ndarray:
+    """float32 [rows, num_frames, H, W] in [0, 1]; make_example(row, drawn) -> example.
+
+    Layout "clip" denoises all frames in one block. Layout "frames" rolls out: frame k
+    of every row is drawn from the row's frames 0..k-1 (as drawn, clipped to [0, 1]),
+    with its own noise stream (seed, row, k + 1), so it is as reproducible as an image.
+    """
+    if self.video_layout == "clip":
+      x0 = self._denoise([make_example(r, None) for r in range(rows)], 1, steps, cfg_scale,
+                         sampler, seed)
+      return self._to_clips(x0, num_frames)
+    side = self.image_size
+    clips = np.zeros((rows, 0, side, side), np.float32)
+    for k in range(num_frames):
+      examples = [make_example(r, clips[r]) for r in range(rows)]
+      x0 = self._denoise(examples, 1, steps, cfg_scale, sampler, seed, stream=k + 1)
+      clips = np.concatenate([clips, self._to_images(x0)[:, None]], axis=1)
+    return clips
 
   def inverse_dynamics_example(self, clip: np.ndarray) -> dict[str, np.ndarray]:
     """BOS, [clip [T, H, W] in [0, 1]], "actions:", T - 1 noised actions."""
@@ -590,9 +640,9 @@ class Pipeline:
       examples = [self.generation_example(p) for p in prompts]
       return self._draw(examples, num_samples, steps, cfg_scale, sampler, seed)
     t = self._frames_arg(num_frames)
-    examples = [self.video_generation_example(p, t) for p in prompts]
-    x0 = self._denoise(examples, num_samples, steps, cfg_scale, sampler, seed)
-    return self._to_clips(x0, t)
+    rows = [p for p in prompts for _ in range(num_samples)]
+    return self._draw_clips(lambda r, drawn: self.video_generation_example(rows[r], t, drawn),
+                            len(rows), t, steps, cfg_scale, sampler, seed)
 
   def predict(self, first_frames: Any, actions: Any, num_samples: int = 1,
               steps: int | None = None, cfg_scale: float | None = None,
@@ -628,9 +678,10 @@ class Pipeline:
                        f"frames; got shape {actions.shape} for {len(frames)} frames")
     if not np.all(np.isfinite(actions)):
       raise InputError("actions hold non-finite values")
-    examples = [self.world_model_example(f, a) for f, a in zip(frames, actions)]
-    x0 = self._denoise(examples, num_samples, steps, cfg_scale, sampler, seed)
-    predicted = self._to_clips(x0, actions.shape[1])
+    rows = [(f, a) for f, a in zip(frames, actions) for _ in range(num_samples)]
+    predicted = self._draw_clips(
+        lambda r, drawn: self.world_model_example(*rows[r], drawn), len(rows),
+        actions.shape[1], steps, cfg_scale, sampler, seed)
     first = np.repeat(frames, num_samples, axis=0)[:, None]
     return np.concatenate([first, predicted], axis=1)
 
@@ -652,8 +703,10 @@ class Pipeline:
     return self._to_images(self._denoise(examples, num_samples, steps, cfg_scale, sampler,
                                          seed))
 
-  def _denoise(self, examples, num_samples, steps, cfg_scale, sampler, seed) -> np.ndarray:
-    """float32 [len(examples) * num_samples, M, P]: each example's dm_mask block drawn."""
+  def _denoise(self, examples, num_samples, steps, cfg_scale, sampler, seed,
+               stream: int | None = None) -> np.ndarray:
+    """float32 [len(examples) * num_samples, M, P]: each example's dm_mask block drawn.
+    Row i starts from the noise of (seed, i) (or (seed, i, stream))."""
     from mot import sampling  # pylint: disable=g-import-not-at-top
     prefixes, blocks = [], []
     for ex in examples:
@@ -668,7 +721,7 @@ class Pipeline:
       prefix = sampling.pad_left(prefixes[start:stop], length, batch)
       block = sampling.block_arrays(blocks[start:stop], batch)
       ids = np.arange(start, start + batch)  # padding rows draw their own (unused) noise
-      noise = sampling.initial_noise(seed, ids, (m, p))
+      noise = sampling.initial_noise(seed, ids, (m, p), stream)
       x0 = sampling.denoise(self.model, self.params, prefix, block, noise, steps,
                             cfg_scale, sampler, self.time_shift)
       out.append(x0[:stop - start])

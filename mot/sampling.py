@@ -415,11 +415,14 @@ def patch_dims(model: MoT, modality: np.ndarray) -> np.ndarray:
   return (np.arange(model.cfg.patch_dim) < widths[..., None]).astype(np.float32)
 
 
-def initial_noise(seed: int, sample_ids: Sequence[int], shape: tuple[int, ...]) -> np.ndarray:
+def initial_noise(seed: int, sample_ids: Sequence[int], shape: tuple[int, ...],
+                  stream: int | None = None) -> np.ndarray:
   """float32 [len(sample_ids), *shape] N(0, 1) noise; sample i's noise depends only on
-  (seed, i), so a sample is the same whichever batch or chunk it is drawn in (numpy's
-  PCG64 streams: exact on every platform, nothing to compile)."""
+  (seed, i) (and `stream`, e.g. the frame a video roll-out draws), so a sample is the
+  same whichever batch or chunk it is drawn in (numpy's PCG64 streams: exact on every
+  platform, nothing to compile)."""
   if seed < 0:
     raise ValueError(f"seed={seed} must be >= 0")
-  return np.stack([np.random.default_rng([int(seed), int(i)]).standard_normal(shape)
+  extra = [] if stream is None else [int(stream)]
+  return np.stack([np.random.default_rng([int(seed), int(i), *extra]).standard_normal(shape)
                    for i in sample_ids]).astype(np.float32)

@@ -44,6 +44,8 @@ def train_cases(workdir, a_file):
       "dropout out of range": [*TINY, *w, "--config.model.dropout_rate=1.5"],
       "zero time shift": [*TINY, *w, "--config.sample.shift=0.0"],
       "reading shifts out of range": [*TINY, *w, "--config.sample.reason_shifts=3"],
+      "unknown video layout": ["--config", "configs/moving_digits.py:tiny", *w,
+                               "--config.data.video_layout=joint"],
       "stray argument": [*TINY, *w, "extra"],
   }
 

@@ -93,7 +93,9 @@ def test_parse_actions(tmp_path):
 # ----------------------------------------------------------------------------------------
 # Layouts and positions (DESIGN §2).
 # ----------------------------------------------------------------------------------------
-OPTIONS = tasks.TaskOptions(patch_size=P, patch_dim=16, num_frames=8, canvas=16)
+OPTIONS = tasks.TaskOptions(patch_size=P, patch_dim=16, num_frames=8, canvas=16,
+                            video_layout="clip")
+FRAME_OPTIONS = tasks.TaskOptions(patch_size=P, patch_dim=16, num_frames=8, canvas=16)
 VIDEO_TASKS = ("video_generation", "video_qa", "world_model", "inverse_dynamics")
 
 
@@ -141,21 +143,79 @@ def test_world_model_layout_positions_and_one_generated_block():
   assert ex["cond_mask"][first].all() and ex["cond_mask"][act].all()
 
 
+def test_frame_layout_is_teacher_forced_frame_by_frame():
+  """Layout "frames": frame k noised, then frame k clean at the same positions; a noised
+  frame reads the clean frames before it and no noised frame; positions are one clip's
+  (DESIGN §2), the world model's first frame opening it."""
+  clip = moving_digits.random_walk_clip(_digit(1), np.random.default_rng(3))
+  assert tasks.TaskOptions(patch_size=P, patch_dim=16).video_layout == "frames"  # default
+  ex = tasks.TASKS["world_model"].build(clip, 1, FRAME_OPTIONS, 0)
+  act, first = _block(ex, 1), _block(ex, 2)
+  frames = [_block(ex, k) for k in range(3, 3 + 13)]   # 6 forced pairs + the last frame
+  assert _block(ex, 16).size == 0 and all(len(f) == G * G for f in frames)
+  assert len(act) == 7 and np.all(ex["modality"][act] == modalities.ACTION)
+  noised, clean = frames[0::2], frames[1::2]
+  assert len(noised) == 7 and len(clean) == 6
+  truth = digits.patchify(clip.frames, P).reshape(8, G * G, 16)
+  s = ex["positions"][first[0], 0]
+  grid = np.stack(np.meshgrid(np.arange(G), np.arange(G), indexing="ij"), -1).reshape(-1, 2)
+  at = lambda k: np.concatenate([np.full((G * G, 1), s + k), s + grid], -1)
+  np.testing.assert_array_equal(ex["positions"][first], at(0))
+  np.testing.assert_array_equal(ex["patches"][first], truth[0])
+  assert ex["cond_mask"][first].all() and ex["cond_mask"][act].all()
+  for k, idx in enumerate(noised):
+    assert np.all(ex["dm_mask"][idx] == 1) and not ex["cond_mask"][idx].any()
+    np.testing.assert_array_equal(ex["positions"][idx], at(k + 1))  # t advances per frame
+    np.testing.assert_array_equal(ex["patches"][idx], truth[k + 1])
+  for k, idx in enumerate(clean):
+    assert not ex["dm_mask"][idx].any() and not ex["cond_mask"][idx].any()
+    np.testing.assert_array_equal(ex["positions"][idx], at(k + 1))
+    np.testing.assert_array_equal(ex["patches"][idx], truth[k + 1])
+  assert ex["dm_mask"].sum() == 7 * G * G
+  end = frames[-1][-1] + 1                               # one end marker: max + 1
+  assert ex["tokens"][end] == modalities.get("video").end_token
+  np.testing.assert_array_equal(ex["positions"][end], [s + 8] * 3)
+  # Who reads whom (the model's own mask rule).
+  from mot import masks
+  n = len(ex["tokens"])
+  ids = masks.MaskIds.from_fields(jnp.ones((1, n), jnp.int32), jnp.asarray(ex["block_ids"])[None],
+                                  jnp.asarray(ex["dm_mask"] > 0)[None])
+  allowed = np.asarray(masks.attention_mask(ids, ids))[0, 0]
+  for k, q in enumerate(noised):
+    sees = lambda idx: allowed[np.ix_(q, idx)]
+    assert sees(first).all() and sees(act).all()
+    assert all(sees(c).all() for c in clean[:k])          # the true earlier frames
+    assert not any(sees(c).any() for c in clean[k:])      # not itself clean, nor later
+    assert not any(sees(o).any() for j, o in enumerate(noised) if j != k)
+    assert sees(q).all()                                  # bidirectional inside the frame
+  from mot.data.builder import SequenceBuilder
+  for roles in (["clean"], ["clean", "drawn"]):
+    with pytest.raises(ValueError, match="roles"):
+      SequenceBuilder(16).add_video_frames(np.zeros((2, G, G, 16)), roles)
+
+
+@pytest.mark.parametrize("layout", moving_digits.VIDEO_LAYOUTS)
 @pytest.mark.parametrize("name", VIDEO_TASKS)
 @pytest.mark.parametrize("frames", [3, 8])
-def test_every_video_task_has_one_contiguous_generated_block_or_an_answer(name, frames):
-  options = tasks.TaskOptions(patch_size=P, patch_dim=16, num_frames=frames, canvas=16)
+def test_every_video_task_has_its_generated_frames_or_an_answer(name, frames, layout):
+  options = tasks.TaskOptions(patch_size=P, patch_dim=16, num_frames=frames, canvas=16,
+                              video_layout=layout)
   rng = np.random.default_rng(0)
   ex = moving_digits.build_example(name, _digit(2), 2, options, rng)
   noised = np.flatnonzero(ex["dm_mask"])
   video = np.flatnonzero(ex["modality"] == modalities.VIDEO)
-  assert len(video) == frames * G * G                      # shapes for T frames
+  generated = {"video_generation": frames, "world_model": frames - 1}.get(name, 0)
+  copies = generated - 1 if layout == "frames" and generated else 0  # teacher-forced
+  assert len(video) == (frames + copies) * G * G            # shapes for T frames
   if name == "video_qa":
     assert noised.size == 0
     assert tokenizer.Tokenizer().decode(ex["ar_targets"][ex["ar_weights"] > 0]).startswith("2, ")
-  else:
+  elif layout == "clip" or name == "inverse_dynamics":
     assert noised.size and np.all(np.diff(noised) == 1)   # one block, as denoise needs
     sampling.split_block(ex)
+  else:
+    assert noised.size == generated * G * G
+    assert len(np.unique(ex["block_ids"][noised])) == generated   # one block a frame
   assert len(ex["tokens"]) <= tasks.max_example_length(name, options)
 
 
@@ -201,6 +261,14 @@ def pipe():
       _as_batch(ex))))
 
 
+@pytest.fixture(scope="module")
+def clip_pipe(pipe):
+  """The same parameters read with the one-block clip layout (older checkpoints)."""
+  config = _tiny_config()
+  config.data.video_layout = "clip"
+  return pipeline.Pipeline(config, pipe.params)
+
+
 @functools.partial(jax.jit, static_argnums=0)
 def _apply(model, params, inputs):
   return model.apply({"params": params}, inputs)
@@ -211,16 +279,23 @@ def _cached_velocity(model, params, prefix, block, keep, x, t):
   return sampling.cached_block_velocity(model, params, prefix, block, keep)(x, t)
 
 
-def test_world_model_cached_denoise_matches_full_forward(pipe):
+@pytest.mark.parametrize("layout", moving_digits.VIDEO_LAYOUTS)
+def test_world_model_cached_denoise_matches_full_forward(pipe, clip_pipe, layout):
+  """The drawn block reads its cached prefix: first frame, actions and (layout "frames",
+  here drawing the second of two frames) the frame drawn before it."""
+  pipe = {"frames": pipe, "clip": clip_pipe}[layout]
   rng = np.random.default_rng(0)
   first = [rng.uniform(0, 1, (16, 16)).astype(np.float32) for _ in range(2)]
+  drawn = [rng.uniform(0, 1, (1, 16, 16)).astype(np.float32) for _ in range(2)]
+  if layout == "clip":
+    drawn = [None, None]
   actions = [np.array([[1, 0], [0, 1]], np.float32), np.array([[-1, 0], [0, -1]], np.float32)]
-  examples = [pipe.world_model_example(f, a) for f, a in zip(first, actions)]
+  examples = [pipe.world_model_example(f, a, d) for f, a, d in zip(first, actions, drawn)]
   split = [sampling.split_block(ex) for ex in examples]
-  prefix = sampling.pad_left([p for p, _ in split], length=64)
+  prefix = sampling.pad_left([p for p, _ in split], length=96)
   block = sampling.block_arrays([b for _, b in split])
   m, p = block["modality"].shape[1], pipe.model_cfg.patch_dim
-  assert m == 2 * G * G
+  assert m == {"clip": 2, "frames": 1}[layout] * G * G
   x = rng.normal(size=(2, m, p)).astype(np.float32)
   t = 0.6
   v = np.asarray(_cached_velocity(pipe.model, pipe.params, prefix, block,
@@ -236,11 +311,17 @@ def test_world_model_cached_denoise_matches_full_forward(pipe):
   for row in range(2):
     np.testing.assert_allclose(v[row], ref[row, start:start + m], rtol=1e-4, atol=1e-4)
   # The prefix matters: other actions (same first frames) give another velocity.
-  other = [pipe.world_model_example(f, -a) for f, a in zip(first, actions)]
-  prefix2 = sampling.pad_left([sampling.split_block(ex)[0] for ex in other], length=64)
+  other = [pipe.world_model_example(f, -a, d) for f, a, d in zip(first, actions, drawn)]
+  prefix2 = sampling.pad_left([sampling.split_block(ex)[0] for ex in other], length=96)
   v2 = np.asarray(_cached_velocity(pipe.model, pipe.params, prefix2, block,
                                    np.ones(prefix2["tokens"].shape, bool), x, t))
   assert not np.allclose(v, v2, atol=1e-4)
+  if layout == "frames":  # ... and so does the frame drawn before
+    other = [pipe.world_model_example(f, a, 1 - d) for f, a, d in zip(first, actions, drawn)]
+    prefix3 = sampling.pad_left([sampling.split_block(ex)[0] for ex in other], length=96)
+    v3 = np.asarray(_cached_velocity(pipe.model, pipe.params, prefix3, block,
+                                     np.ones(prefix3["tokens"].shape, bool), x, t))
+    assert not np.allclose(v, v3, atol=1e-4)
 
 
 def test_generate_predict_and_infer_shapes(pipe):
@@ -252,6 +333,12 @@ def test_generate_predict_and_infer_shapes(pipe):
   again = pipe.generate(["a handwritten digit 3 moving right", "a 1"], num_samples=2,
                         steps=2, seed=1)
   np.testing.assert_array_equal(clips, again)
+  # Frame by frame: a shorter roll-out is the start of the longer one (frame k is drawn
+  # from the frames before it only), and samples of one prompt differ.
+  short = pipe.generate(["a handwritten digit 3 moving right", "a 1"], num_samples=2,
+                        steps=2, seed=1, num_frames=2)
+  np.testing.assert_allclose(short, clips[:, :2], atol=1e-6)
+  assert not np.allclose(clips[0], clips[1])
   first = np.random.default_rng(0).uniform(0, 1, (2, 16, 16)).astype(np.float32)
   pred = pipe.predict(first, "right,down,down", steps=2)
   assert pred.shape == (2, 4, 16, 16)
@@ -271,12 +358,32 @@ def test_generate_predict_and_infer_shapes(pipe):
     pipe.generate("a 2", num_frames=0)
 
 
-def test_video_evaluation_runs_and_its_judges_see_real_clips(pipe):
+def test_clip_layout_draws_all_frames_at_once_and_old_checkpoints_keep_it(clip_pipe):
+  clips = clip_pipe.generate(["a 2", "a 3"], steps=2, seed=4)
+  assert clips.shape == (2, 3, 16, 16)
+  np.testing.assert_array_equal(clips, clip_pipe.generate(["a 2", "a 3"], steps=2, seed=4))
+  first = np.zeros((2, 16, 16), np.float32)
+  assert clip_pipe.predict(first, "right,down", steps=2).shape == (2, 3, 16, 16)
+  # A checkpoint saved before config.data.video_layout existed trained one clip block.
+  saved = _tiny_config().to_dict()
+  del saved["data"]["video_layout"]
+  assert pipeline.complete_config(saved).data.video_layout == "clip"
+  assert pipeline.complete_config(_tiny_config().to_dict()).data.video_layout == "frames"
+
+
+def test_video_evaluation_runs_and_its_judges_see_real_clips(pipe, tmp_path):
   result = evaluate.evaluate_video(pipe, samples_per_digit=1, steps=1)
   for key in ("qa_accuracy", "identity_accuracy", "motion_error_px",
               "world_model_com_error_px", "inverse_dynamics_mae_px"):
     assert np.isfinite(result[key]), key
   assert result["_images"].shape == (10, 3, 16, 16)
+  real, predicted = result["_world_model_clips"]
+  assert real.shape == predicted.shape == (10, 3, 16, 16)
+  np.testing.assert_allclose(predicted[:, 0], real[:, 0], atol=1e-6)  # the given frame
+  written = evaluate.write_results(str(tmp_path), result)
+  with Image.open(written["world_model_gif"]) as gif:
+    assert gif.n_frames >= 2
+  assert json.loads((tmp_path / evaluate.EVAL_FILE).read_text())["latest"]["step"] == pipe.step
   # The crop judge on real held-out clips is about as good as the SVC on the digits.
   assert result["real_clip_identity_accuracy"] > 0.85
   assert result["real_clip_identity_accuracy"] > result["identity_accuracy"]

@@ -9,12 +9,14 @@ block's largest position + 1.
 from __future__ import annotations
 
 import functools
+from typing import Sequence
 
 import numpy as np
 
 from mot import modalities
 from mot import tokenizer
 
+_FRAME_ROLES = ("given", "clean", "noised", "forced")  # see SequenceBuilder.add_video_frames
 # Field name -> dtype of every array `build` returns (packing adds `segment_ids`).
 FIELDS = {
     "tokens": np.int32,
@@ -100,6 +102,48 @@ class SequenceBuilder:
     t, hp, wp, _ = frames.shape
     self._add_block("video", frames.reshape(t * hp * wp, -1), _grid_offsets(t, hp, wp),
                     max(t, hp, wp), noised, cond)
+
+  def add_video_frames(self, frames: np.ndarray, roles: Sequence[str]) -> None:
+    """Appends a clip of float [T, hp, wp, p] patches frame by frame: one block a frame.
+
+    Positions are exactly `add_video`'s (frame k at t = start + k, h/w per patch, the
+    next token at start + max(T, hp, wp)); only the blocks differ, so a frame reads the
+    frames before it (causal in time) and a generated frame is one block of its own,
+    which the sampler can draw after the frames before it (frame-autoregressive video).
+    roles[k] says what frame k is:
+      "given"   a clean block that later frames read, marked as conditioning that
+                classifier-free guidance may blank (e.g. a world model's first frame);
+      "clean"   a clean block that later frames read (e.g. frames drawn so far);
+      "noised"  a diffusion target that no other token reads (DESIGN §1);
+      "forced"  teacher forcing: the frame noised, then the same frame clean at the same
+                positions, so it is a target AND later frames read the true frame.
+    One begin marker precedes the frames and one end marker follows them.
+    """
+    frames = np.asarray(frames, np.float32)
+    if frames.ndim != 4:
+      raise ValueError(f"video patches must be [T, hp, wp, p], got shape {frames.shape}")
+    t, hp, wp, _ = frames.shape
+    if len(roles) != t or any(r not in _FRAME_ROLES for r in roles):
+      raise ValueError(f"roles {list(roles)} must give one of {_FRAME_ROLES} per frame "
+                       f"({t} frames)")
+    modality = modalities.get("video")
+    if frames.shape[-1] > self.patch_dim:
+      raise ValueError(f"video patch dim {frames.shape[-1]} exceeds the builder's "
+                       f"patch_dim {self.patch_dim}")
+    self.add_text([modality.begin_token])
+    start = self._next_position
+    grid = _grid_offsets(1, hp, wp)
+    for k, role in enumerate(roles):
+      positions = (start + grid + np.array([k, 0, 0])).tolist()
+      copies = {"given": (False,), "clean": (False,), "noised": (True,),
+                "forced": (True, False)}[role]
+      for noised in copies:
+        self._num_blocks += 1
+        self._patches.append((len(self), frames[k].reshape(hp * wp, -1)))
+        self._append([tokenizer.PAD] * (hp * wp), positions, modality=modality.id,
+                     block=self._num_blocks, noised=noised, cond=role == "given")
+    self._next_position = start + max(t, hp, wp)
+    self.add_text([modality.end_token])
 
   def add_action(self, actions: np.ndarray, noised: bool, cond: bool = False) -> None:
     """Appends an action chunk of float [K, a] (K steps) as one block."""

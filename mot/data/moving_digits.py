@@ -21,12 +21,25 @@ patches per frame, 16 tokens a frame, 128 for a clip of 8): short sequences on a
 Frames are one video block with (t, h, w) M-RoPE positions (t = start + frame); an action
 chunk is one action block (t = start + step, h = w = start), see `SequenceBuilder`.
 
-The four task layouts (each generated block is ONE contiguous dm_mask block, as
-`mot.sampling.denoise` needs):
+The four task layouts:
   video_generation  BOS, caption (cond, AR target), [noised clip], EOS
   video_qa          BOS, [clip], QUESTION, answer (AR target), EOS
   world_model       BOS, [first frame] (cond), [actions] (cond), [noised frames 1..T-1], EOS
+                    (layout "frames": BOS, [actions] (cond), [frame 0 (cond), frames 1..], EOS)
   inverse_dynamics  BOS, [clip], ACTIONS_PROMPT, [noised actions], EOS
+
+Generated frames come in one of two layouts (config.data.video_layout):
+  "frames" (default)  one block a frame, teacher forced: frame k noised, then frame k
+      clean at the same positions ([f0~][f0][f1~][f1]...[fT-1~]); a noised frame reads
+      the clean frames before it and nothing reads a noised frame, so training matches
+      sampling, which draws frame k after the frames 0..k-1 it has drawn. Each step is
+      "move the last frame by the action", the same operator at every frame.
+  "clip"  the T frames as one noised block drawn together. With 4-pixel patches and
+      1-pixel motion this must copy the first frame's content shifted by k pixels, a
+      different sub-patch permutation for every k mod 4: trained so (README), frames
+      shifted by whole patches come out sharp and the rest as strokes at the right place
+      that are no longer the digit. (Kept for checkpoints trained with it.)
+Positions are the same in both (`SequenceBuilder.add_video_frames`).
 """
 from __future__ import annotations
 
@@ -48,6 +61,9 @@ DIRECTIONS = {"right": (1, 0), "left": (-1, 0), "up": (0, -1), "down": (0, 1)}
 DIRECTION_NAMES = tuple(DIRECTIONS)
 QUESTION = "Which digit moves, and where?"
 ACTIONS_PROMPT = "actions:"
+# How generated frames are laid out: "clip" = one block of T frames denoised together;
+# "frames" = one block a frame, each drawn after the frames before it (see module doc).
+VIDEO_LAYOUTS = ("clip", "frames")
 _TOKENIZER = tokenizer_lib.Tokenizer()
 
 
@@ -212,13 +228,31 @@ def frame_patches(frames: np.ndarray, patch_size: int) -> np.ndarray:
   return digits.patchify(np.asarray(frames, np.float32), patch_size)
 
 
-def video_generation_example(clip: Clip, label: int, patch_size: int, patch_dim: int
-                             ) -> dict[str, np.ndarray]:
+def forced_roles(num_frames: int) -> list[str]:
+  """Training roles of a frame-by-frame clip: every frame a target the later frames read
+  clean (teacher forcing), the last one only noised (nothing reads it)."""
+  return ["forced"] * (num_frames - 1) + ["noised"]
+
+
+def add_frames(b: SequenceBuilder, patches: np.ndarray, layout: str) -> None:
+  """Appends training clip patches [T, hp, wp, p] as diffusion targets in `layout`:
+  "clip" one block of T frames drawn together, "frames" one block a frame, teacher forced
+  (`forced_roles`), so that the sampler draws frame k after frames 0..k-1."""
+  if layout == "clip":
+    b.add_video(patches, noised=True)
+  elif layout == "frames":
+    b.add_video_frames(patches, forced_roles(len(patches)))
+  else:
+    raise ValueError(f"video layout {layout!r} is not one of {VIDEO_LAYOUTS}")
+
+
+def video_generation_example(clip: Clip, label: int, patch_size: int, patch_dim: int,
+                             layout: str = "clip") -> dict[str, np.ndarray]:
   """Caption -> clip: BOS, caption (AR target, CFG conditioning), noised clip, EOS."""
   b = SequenceBuilder(patch_dim)
   b.add_text([tokenizer_lib.BOS])
   b.add_text(_TOKENIZER.encode(caption(label, clip.direction)), loss=True, cond=True)
-  b.add_video(frame_patches(clip.frames, patch_size), noised=True)
+  add_frames(b, frame_patches(clip.frames, patch_size), layout)
   b.add_text([tokenizer_lib.EOS], loss=True)
   return b.build()
 
@@ -235,16 +269,25 @@ def video_qa_example(clip: Clip, label: int, patch_size: int, patch_dim: int
   return b.build()
 
 
-def world_model_example(clip: Clip, patch_size: int, patch_dim: int
+def world_model_example(clip: Clip, patch_size: int, patch_dim: int, layout: str = "clip"
                         ) -> dict[str, np.ndarray]:
-  """First frame + actions -> the rest: BOS, [frame 0] (cond), [actions] (cond),
-  [frames 1..T-1] (noised), EOS (target)."""
+  """First frame + actions -> the rest. Layout "clip": BOS, [frame 0] (cond), [actions]
+  (cond), [frames 1..T-1] (noised, one block), EOS (target). Layout "frames": BOS,
+  [actions] (cond), then the clip frame by frame: frame 0 given (cond), frames 1..T-1
+  teacher forced, EOS: frame 0 -> 1 is then the same step, at the same relative
+  positions, as every later frame -> the next."""
   patches = frame_patches(clip.frames, patch_size)
   b = SequenceBuilder(patch_dim)
   b.add_text([tokenizer_lib.BOS])
-  b.add_video(patches[:1], noised=False, cond=True)
-  b.add_action(clip.actions, noised=False, cond=True)
-  b.add_video(patches[1:], noised=True)
+  if layout == "clip":
+    b.add_video(patches[:1], noised=False, cond=True)
+    b.add_action(clip.actions, noised=False, cond=True)
+    add_frames(b, patches[1:], layout)
+  elif layout == "frames":
+    b.add_action(clip.actions, noised=False, cond=True)
+    b.add_video_frames(patches, ["given"] + forced_roles(len(patches) - 1))
+  else:
+    raise ValueError(f"video layout {layout!r} is not one of {VIDEO_LAYOUTS}")
   b.add_text([tokenizer_lib.EOS], loss=True)
   return b.build()
 

@@ -156,8 +156,13 @@ def validate(data_config: Any, task_names: tuple[str, ...] | None = None) -> tas
   if not 0 <= rotate <= 45 or not 0 <= scale < 0.5:
     raise ValueError(f"config.data.rotate_degrees={rotate} / scale_jitter={scale} out of "
                      "range: use 0..45 degrees and 0..0.5")
+  layout = str(data_config.get("video_layout", "clip"))  # older configs: one clip block
+  if layout not in moving_digits.VIDEO_LAYOUTS:
+    raise ValueError(f"config.data.video_layout={layout!r} must be one of "
+                     f"{moving_digits.VIDEO_LAYOUTS}")
   options = tasks.TaskOptions(patch_size=p, patch_dim=patch_dim, num_frames=num_frames,
-                              canvas=size, rotate_degrees=rotate, scale_jitter=scale)
+                              canvas=size, rotate_degrees=rotate, scale_jitter=scale,
+                              video_layout=layout)
   if task_names is None:
     task_names = _task_mixture(data_config)[0]
   for name in task_names:

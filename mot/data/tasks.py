@@ -103,6 +103,7 @@ class TaskOptions:
   canvas: int = moving_digits.CANVAS
   rotate_degrees: float = 0.0   # reading augmentation: random rotation up to ± this
   scale_jitter: float = 0.0     # ... and random zoom by a factor in 1 ± this
+  video_layout: str = "frames"  # generated frames: "frames" (one block a frame) | "clip"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,7 +148,7 @@ def _interleaved(image, label, options: TaskOptions, variant: int):
 def _video_generation(clip, label, options: TaskOptions, variant: int):
   del variant
   return moving_digits.video_generation_example(clip, label, options.patch_size,
-                                                options.patch_dim)
+                                                options.patch_dim, options.video_layout)
 
 
 def _video_qa(clip, label, options: TaskOptions, variant: int):
@@ -157,7 +158,8 @@ def _video_qa(clip, label, options: TaskOptions, variant: int):
 
 def _world_model(clip, label, options: TaskOptions, variant: int):
   del label, variant  # The digit's identity is in the first frame, not in any text.
-  return moving_digits.world_model_example(clip, options.patch_size, options.patch_dim)
+  return moving_digits.world_model_example(clip, options.patch_size, options.patch_dim,
+                                           options.video_layout)
 
 
 def _inverse_dynamics(clip, label, options: TaskOptions, variant: int):
