@@ -25,8 +25,9 @@ the jitted step, blocked until done. It prints the figures, then one JSON line:
                      Remat recomputation is not counted: these are model FLOPs.
   flops_per_s        flops_per_token x tokens_per_s.
   peak_flops_per_s   the machine's limit measured in this process: median of --peak_reps
-                     jitted float32 `jnp.dot`s of two --peak_size^2 matrices (2 n^3 FLOPs),
-                     before and after the steps; the larger median is the peak.
+                     jitted `jnp.dot`s of two --peak_size^2 matrices (2 n^3 FLOPs) in the
+                     model's compute dtype (peak_dtype), before and after the steps; the
+                     larger median is the peak.
   mfu                flops_per_s / peak_flops_per_s.
   compile_s          trace + lowering + XLA compilation of the step (jax.monitoring events
                      of its first call), apart from step time; first_step_s includes its run.
@@ -58,7 +59,8 @@ config_flags.DEFINE_config_file(
     "--config.FIELD=VALUE.", lock_config=True)
 flags.DEFINE_integer("steps", 30, "Timed steps (the median is reported; use >= 20).")
 flags.DEFINE_integer("warmup", 3, "Untimed steps first (the first one compiles).")
-flags.DEFINE_integer("peak_size", 2048, "n of the n x n float32 matmul that measures the peak.")
+flags.DEFINE_integer("peak_size", 2048, "n of the n x n matmul (model.dtype) that measures "
+                     "the peak.")
 flags.DEFINE_integer("peak_reps", 10, "Timed repetitions of the peak matmul (median).")
 
 COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
@@ -88,13 +90,15 @@ class CompileLog:
     return [name for e, _, name in self.events[mark:] if e == COMPILE_EVENTS[-1]]
 
 
-def matmul_peak(size: int, reps: int) -> float:
-  """FLOP/s: median time of a jitted float32 [size, size] @ [size, size] (2 size^3 FLOPs)."""
+def matmul_peak(size: int, reps: int, dtype: str = "float32") -> float:
+  """FLOP/s: median time of a jitted [size, size] @ [size, size] in `dtype` (2 size^3
+  FLOPs). The model's compute dtype: a bf16 run is measured against the bf16 peak, which
+  e.g. an AVX512-BF16 CPU reaches at twice the f32 rate."""
   import jax
   import jax.numpy as jnp
   kx, ky = jax.random.split(jax.random.PRNGKey(0))
-  x = jax.random.normal(kx, (size, size), jnp.float32)
-  y = jax.random.normal(ky, (size, size), jnp.float32)
+  x = jax.random.normal(kx, (size, size), jnp.float32).astype(dtype)
+  y = jax.random.normal(ky, (size, size), jnp.float32).astype(dtype)
   dot = jax.jit(jnp.dot)
   dot(x, y).block_until_ready()
   times = []
@@ -177,7 +181,8 @@ def measure(config, steps: int = 30, warmup: int = 3, peak_size: int = 2048,
   data_iter = iter(train_lib.process_train_dataset(config, mesh))
   p_step = train_lib.jit_train_step(model, tx, config, mesh, rules, state_shardings)
 
-  peak_before = matmul_peak(peak_size, peak_reps)
+  peak_dtype = str(config.model.dtype)
+  peak_before = matmul_peak(peak_size, peak_reps, peak_dtype)
   step_s, wait_s, real_tokens, mask_fields = [], [], [], []
   with jax.set_mesh(mesh):
     for i in range(warmup + steps):
@@ -205,7 +210,7 @@ def measure(config, steps: int = 30, warmup: int = 3, peak_size: int = 2048,
   # After the timed steps: the mask rule runs as (compiling) eager JAX ops.
   context = float(np.mean([attended_context(fields) for fields in mask_fields]))
   loss = float(jax.device_get(metrics["loss"]))
-  peak = max(peak_before, matmul_peak(peak_size, peak_reps))
+  peak = max(peak_before, matmul_peak(peak_size, peak_reps, peak_dtype))
 
   # After the timed steps: jit's cache already holds the executable (no second compile).
   xla = p_step.lower(state, first_batch, step_rng).compile().memory_analysis()
@@ -244,6 +249,7 @@ def measure(config, steps: int = 30, warmup: int = 3, peak_size: int = 2048,
       "flops_per_token": round(flops_per_token),
       "flops_per_s": round(flops_per_s),
       "peak_flops_per_s": round(peak),
+      "peak_dtype": peak_dtype,
       "mfu": round(flops_per_s / peak, 4),
       "compile_s": round(compile_s, 2),
       "first_step_s": round(first_step_s, 2),

@@ -115,7 +115,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.model.init_generation_from_understanding = False  # experts start as copies of expert 0
   c.model.scan_layers = True         # nn.scan over blocks (faster compiles)
   c.model.remat_policy = "none"      # "none" or a jax.checkpoint_policies name
-  c.model.dtype = "float32"          # compute dtype (bf16 is no faster on CPU)
+  c.model.dtype = "float32"          # compute dtype (bf16: 1.6x slower steps on this CPU)
   c.model.param_dtype = "float32"    # parameter dtype
 
   # ---- Sampling defaults (sample.py, evaluation). ----

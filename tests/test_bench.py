@@ -14,7 +14,7 @@ from bench import train_throughput
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEYS = {"tokens_per_s", "step_ms", "input_wait_ms", "flops_per_token", "flops_per_s",
-        "peak_flops_per_s", "mfu", "compile_s", "recompiles", "peak_rss_mb",
+        "peak_flops_per_s", "peak_dtype", "mfu", "compile_s", "recompiles", "peak_rss_mb",
         "xla_memory_mb", "attended_context", "params_per_token", "cpu_user_ms_per_step",
         "cpu_sys_ms_per_step", "minor_faults_per_step", "loadavg_start", "loadavg_end"}
 
@@ -31,6 +31,7 @@ def test_cli_prints_a_json_line_with_every_figure():
   assert result["steps"] == 2 and np.isfinite(result["loss"])
   for key in ("tokens_per_s", "step_ms", "flops_per_token", "peak_flops_per_s", "mfu"):
     assert result[key] > 0, key
+  assert result["peak_dtype"] == "float32"   # the config's model.dtype
 
 
 def test_attended_context_counts_allowed_keys_per_real_query():
