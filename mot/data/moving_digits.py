@@ -247,7 +247,7 @@ def add_frames(b: SequenceBuilder, patches: np.ndarray, layout: str) -> None:
 
 
 def video_generation_example(clip: Clip, label: int, patch_size: int, patch_dim: int,
-                             layout: str = "clip") -> dict[str, np.ndarray]:
+                             layout: str = "frames") -> dict[str, np.ndarray]:
   """Caption -> clip: BOS, caption (AR target, CFG conditioning), noised clip, EOS."""
   b = SequenceBuilder(patch_dim)
   b.add_text([tokenizer_lib.BOS])
@@ -269,7 +269,7 @@ def video_qa_example(clip: Clip, label: int, patch_size: int, patch_dim: int
   return b.build()
 
 
-def world_model_example(clip: Clip, patch_size: int, patch_dim: int, layout: str = "clip"
+def world_model_example(clip: Clip, patch_size: int, patch_dim: int, layout: str = "frames"
                         ) -> dict[str, np.ndarray]:
   """First frame + actions -> the rest. Layout "clip": BOS, [frame 0] (cond), [actions]
   (cond), [frames 1..T-1] (noised, one block), EOS (target). Layout "frames": BOS,
@@ -279,15 +279,13 @@ def world_model_example(clip: Clip, patch_size: int, patch_dim: int, layout: str
   patches = frame_patches(clip.frames, patch_size)
   b = SequenceBuilder(patch_dim)
   b.add_text([tokenizer_lib.BOS])
-  if layout == "clip":
+  if layout == "frames":
+    b.add_action(clip.actions, noised=False, cond=True)
+    b.add_video_frames(patches, ["given"] + forced_roles(len(patches) - 1))
+  else:  # "clip" (add_frames refuses any other layout)
     b.add_video(patches[:1], noised=False, cond=True)
     b.add_action(clip.actions, noised=False, cond=True)
     add_frames(b, patches[1:], layout)
-  elif layout == "frames":
-    b.add_action(clip.actions, noised=False, cond=True)
-    b.add_video_frames(patches, ["given"] + forced_roles(len(patches) - 1))
-  else:
-    raise ValueError(f"video layout {layout!r} is not one of {VIDEO_LAYOUTS}")
   b.add_text([tokenizer_lib.EOS], loss=True)
   return b.build()
 
