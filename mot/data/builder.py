@@ -127,9 +127,8 @@ class SequenceBuilder:
       raise ValueError(f"roles {list(roles)} must give one of {_FRAME_ROLES} per frame "
                        f"({t} frames)")
     modality = modalities.get("video")
-    if frames.shape[-1] > self.patch_dim:
-      raise ValueError(f"video patch dim {frames.shape[-1]} exceeds the builder's "
-                       f"patch_dim {self.patch_dim}")
+    self._check_rows("video", frames.reshape(-1, frames.shape[-1]))
+    rows = frames.reshape(t, hp * wp, -1)
     self.add_text([modality.begin_token])
     start = self._next_position
     grid = _grid_offsets(1, hp, wp)
@@ -138,10 +137,7 @@ class SequenceBuilder:
       copies = {"given": (False,), "clean": (False,), "noised": (True,),
                 "forced": (True, False)}[role]
       for noised in copies:
-        self._num_blocks += 1
-        self._patches.append((len(self), frames[k].reshape(hp * wp, -1)))
-        self._append([tokenizer.PAD] * (hp * wp), positions, modality=modality.id,
-                     block=self._num_blocks, noised=noised, cond=role == "given")
+        self._append_block(modality, rows[k], positions, noised, cond=role == "given")
     self._next_position = start + max(t, hp, wp)
     self.add_text([modality.end_token])
 
@@ -186,20 +182,27 @@ class SequenceBuilder:
                  noised: bool, cond: bool) -> None:
     """Appends begin marker, block rows [m, p] at start + offsets [m, 3], end marker."""
     modality = modalities.get(name)
-    m = rows.shape[0]
-    if m == 0:
+    self._check_rows(name, rows)
+    self.add_text([modality.begin_token])
+    start = self._next_position
+    self._append_block(modality, rows, (start + offsets).tolist(), noised, cond)
+    self._next_position = start + span
+    self.add_text([modality.end_token])
+
+  def _check_rows(self, name: str, rows: np.ndarray) -> None:
+    if rows.shape[0] == 0:
       raise ValueError(f"empty {name} block")
     if rows.shape[1] > self.patch_dim:
       raise ValueError(f"{name} patch dim {rows.shape[1]} exceeds the builder's "
                        f"patch_dim {self.patch_dim}")
-    self.add_text([modality.begin_token])
+
+  def _append_block(self, modality, rows: np.ndarray, positions: list, noised: bool,
+                    cond: bool) -> None:
+    """Appends rows [m, p] as the next block id at the given positions (no markers)."""
     self._num_blocks += 1
     self._patches.append((len(self), rows))
-    start = self._next_position
-    self._append([tokenizer.PAD] * m, (start + offsets).tolist(), modality=modality.id,
+    self._append([tokenizer.PAD] * rows.shape[0], positions, modality=modality.id,
                  block=self._num_blocks, noised=noised, cond=cond)
-    self._next_position = start + span
-    self.add_text([modality.end_token])
 
   def _append(self, tokens: list[int], positions: list, modality: int = modalities.TEXT,
               block: int = 0, noised: bool = False, cond: bool = False,
