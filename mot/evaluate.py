@@ -290,6 +290,13 @@ def evaluate_video(pipe, samples_per_digit: int = 20, steps=None, cfg_scale=None
   }
 
 
+def _save_grid_gif(path: str, clips: np.ndarray) -> None:
+  """Clips [N, T, H, W] in [0, 1] as one GIF: frame f shows every clip's frame f, in 2 rows."""
+  from mot.pipeline import grid, save_gif  # pylint: disable=g-import-not-at-top
+  save_gif(path, np.stack([grid(clips[:, f], rows=2, scale=1)
+                           for f in range(clips.shape[1])]), scale=8)
+
+
 def write_results(workdir: str, result: dict[str, Any]) -> dict[str, Any]:
   """Appends the record to DIR/eval.json and writes the sample grid; returns the record."""
   from mot.pipeline import grid, save_png  # pylint: disable=g-import-not-at-top
@@ -299,19 +306,15 @@ def write_results(workdir: str, result: dict[str, Any]) -> dict[str, Any]:
   per_digit = result["samples_per_digit"]
   world_model = result.pop("_world_model_clips", None)
   if world_model is not None:  # top row the real clips, bottom row the predicted ones
-    from mot.pipeline import save_gif  # pylint: disable=g-import-not-at-top
     real, predicted = world_model
     wm_path = os.path.join(workdir, SAMPLES_DIR, f"world_model_step_{result['step']}.gif")
-    save_gif(wm_path, np.stack([grid(np.concatenate([real[:, f], predicted[:, f]]), rows=2,
-                                     scale=1) for f in range(real.shape[1])]), scale=8)
+    _save_grid_gif(wm_path, np.concatenate([real, predicted]))
     result["world_model_gif"] = wm_path
   if images.ndim == 4:  # clips [N, T, H, W]: one row per digit (its first clip), T columns
-    from mot.pipeline import save_gif  # pylint: disable=g-import-not-at-top
     first = images.reshape(10, per_digit, *images.shape[1:])[:, 0]
     grid_image = grid(first.reshape(-1, *images.shape[2:]), rows=10)
     gif_path = os.path.join(workdir, SAMPLES_DIR, f"clips_step_{result['step']}.gif")
-    save_gif(gif_path, np.stack([grid(first[:, f], rows=2, scale=1)
-                                 for f in range(first.shape[1])]), scale=8)
+    _save_grid_gif(gif_path, first)
     result["gif"] = gif_path
   else:
     shown = images.reshape(10, per_digit, *images.shape[1:])[:, :min(per_digit, 10)]
