@@ -50,6 +50,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.data.video_layout = "frames"     # generated frames: one block a frame, teacher forced,
                                      # drawn frame by frame ("clip": all in one block; see
                                      # mot/data/moving_digits.py and the README)
+  c.data.generation_start = "any"    # caption -> clip training clips start "any"where on the
+                                     # canvas or on the patch "grid" (other tasks: anywhere)
   c.data.seq_len = 288               # row length: the longest example (video generation,
                                      # 15 frame blocks) is 278 tokens
   c.data.examples_per_row = 1        # one clip example a row (two would not fit)

@@ -46,6 +46,8 @@ def train_cases(workdir, a_file):
       "reading shifts out of range": [*TINY, *w, "--config.sample.reason_shifts=3"],
       "unknown video layout": ["--config", "configs/moving_digits.py:tiny", *w,
                                "--config.data.video_layout=joint"],
+      "unknown generation start": ["--config", "configs/moving_digits.py:tiny", *w,
+                                   "--config.data.generation_start=centre"],
       "stray argument": [*TINY, *w, "extra"],
   }
 

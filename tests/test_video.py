@@ -65,6 +65,35 @@ def test_clips_are_deterministic_and_random_walks_stay_on_the_canvas():
     assert np.all(np.abs(clip.actions).sum(axis=1) == 1)
 
 
+def _first_frame_offset(example, image):
+  """(row, col) of `image` in the first frame of a video example."""
+  video = example["patches"][example["modality"] == modalities.VIDEO]
+  frame = digits.unpatchify(video[:G * G].reshape(G, G, -1), P)
+  hits = [(r, c) for r in range(9) for c in range(9)
+          if np.array_equal(frame, moving_digits.render(image, [(r, c)])[0])]
+  assert len(hits) == 1, hits
+  return hits[0]
+
+
+def test_generation_clips_start_on_the_patch_grid_only_when_asked():
+  image = _digit(2)
+
+  def starts(task, start):
+    options = tasks.TaskOptions(patch_size=P, patch_dim=16, generation_start=start)
+    return {_first_frame_offset(moving_digits.build_example(
+        task, image, 2, options, np.random.default_rng(seed)), image) for seed in range(60)}
+
+  on_grid = starts("video_generation", "grid")
+  assert all(r % P == 0 and c % P == 0 for r, c in on_grid)
+  assert len(on_grid) > 3                      # several grid starts (all four directions)
+  for task, start in (("video_generation", "any"), ("world_model", "grid")):
+    assert any(r % P or c % P for r, c in starts(task, start)), (task, start)
+  data = _tiny_config().data
+  data.generation_start = "centre"
+  with pytest.raises(ValueError, match="generation_start"):
+    data_pipeline.validate(data)
+
+
 def test_moving_digits_train_only_on_the_training_digits():
   from configs import moving_digits as config_file
   data = config_file.get_config("").data

@@ -64,6 +64,10 @@ ACTIONS_PROMPT = "actions:"
 # How generated frames are laid out: "clip" = one block of T frames denoised together;
 # "frames" = one block a frame, each drawn after the frames before it (see module doc).
 VIDEO_LAYOUTS = ("clip", "frames")
+# Where caption -> clip training clips start (config.data.generation_start): "any" on-canvas
+# position, or "grid": on the patch grid (multiples of patch_size on each axis), so frame
+# 0 is a digit cut into whole patches, as in the image task; the other tasks start anywhere.
+GENERATION_STARTS = ("any", "grid")
 _TOKENIZER = tokenizer_lib.Tokenizer()
 
 
@@ -124,8 +128,12 @@ def clip_from_actions(image: np.ndarray, start: tuple[int, int], actions: np.nda
 
 
 def constant_clip(image: np.ndarray, direction: str, rng: np.random.Generator,
-                  num_frames: int = NUM_FRAMES, canvas: int = CANVAS) -> Clip:
-  """One pixel per frame in `direction`; start uniform among on-canvas paths."""
+                  num_frames: int = NUM_FRAMES, canvas: int = CANVAS, grid: int = 1) -> Clip:
+  """One pixel per frame in `direction`; start uniform among on-canvas paths.
+
+  grid > 1 draws the start among those on multiples of `grid` pixels on each axis (the
+  patch grid, see GENERATION_STARTS), where the range holds one; else the whole range.
+  """
   dx, dy = DIRECTIONS[direction]
   span = canvas - image.shape[0]          # largest top-left offset on each axis
   travel = num_frames - 1
@@ -134,12 +142,12 @@ def constant_clip(image: np.ndarray, direction: str, rng: np.random.Generator,
                      f"{canvas}x{canvas} canvas leaves only {span}: fewer frames or a "
                      f"larger canvas")
 
-  def start(d):  # range of starts along one axis for a motion of sign d
-    if d > 0:
-      return int(rng.integers(0, span - travel + 1))
-    if d < 0:
-      return int(rng.integers(travel, span + 1))
-    return int(rng.integers(0, span + 1))
+  def start(d):  # a start along one axis for a motion of sign d
+    low, high = {1: (0, span - travel), -1: (travel, span), 0: (0, span)}[d]
+    on_grid = [x for x in range(low, high + 1) if x % grid == 0]
+    if grid > 1 and on_grid:
+      return on_grid[int(rng.integers(len(on_grid)))]
+    return int(rng.integers(low, high + 1))
 
   col, row = start(dx), start(dy)
   actions = np.tile(np.asarray([dx, dy], np.float32), (travel, 1))
@@ -163,12 +171,13 @@ def random_walk_clip(image: np.ndarray, rng: np.random.Generator,
 
 
 def random_clip(image: np.ndarray, rng: np.random.Generator, num_frames: int = NUM_FRAMES,
-                canvas: int = CANVAS, walk_prob: float = 0.0) -> Clip:
-  """A constant-direction clip (direction uniform), or with walk_prob a random walk."""
+                canvas: int = CANVAS, walk_prob: float = 0.0, grid: int = 1) -> Clip:
+  """A constant-direction clip (direction uniform; start as `constant_clip`'s grid
+  says), or with walk_prob a random walk."""
   if walk_prob > 0 and rng.random() < walk_prob:
     return random_walk_clip(image, rng, num_frames, canvas)
   direction = DIRECTION_NAMES[int(rng.integers(len(DIRECTION_NAMES)))]
-  return constant_clip(image, direction, rng, num_frames, canvas)
+  return constant_clip(image, direction, rng, num_frames, canvas, grid)
 
 
 def blank_clip(num_frames: int = NUM_FRAMES, canvas: int = CANVAS) -> Clip:
@@ -324,6 +333,8 @@ def build_example(name: str, image: np.ndarray, label, options, rng: np.random.G
                      f"'moving_digits' trains the video tasks "
                      f"{sorted(n for n, t in tasks.TASKS.items() if t.media == 'video')}")
   variant = int(rng.integers(task.num_variants))
+  grid = (options.patch_size if name == "video_generation"
+          and options.generation_start == "grid" else 1)
   clip = random_clip(image, rng, options.num_frames, options.canvas,
-                     WALK_PROB.get(name, 0.0))
+                     WALK_PROB.get(name, 0.0), grid)
   return task.build(clip, int(label), options, variant)

@@ -160,9 +160,13 @@ def validate(data_config: Any, task_names: tuple[str, ...] | None = None) -> tas
   if layout not in moving_digits.VIDEO_LAYOUTS:
     raise ValueError(f"config.data.video_layout={layout!r} must be one of "
                      f"{moving_digits.VIDEO_LAYOUTS}")
+  start = str(data_config.get("generation_start", "any"))  # older configs: anywhere
+  if start not in moving_digits.GENERATION_STARTS:
+    raise ValueError(f"config.data.generation_start={start!r} must be one of "
+                     f"{moving_digits.GENERATION_STARTS}")
   options = tasks.TaskOptions(patch_size=p, patch_dim=patch_dim, num_frames=num_frames,
                               canvas=size, rotate_degrees=rotate, scale_jitter=scale,
-                              video_layout=layout)
+                              video_layout=layout, generation_start=start)
   if task_names is None:
     task_names = _task_mixture(data_config)[0]
   for name in task_names:

@@ -104,6 +104,7 @@ class TaskOptions:
   rotate_degrees: float = 0.0   # reading augmentation: random rotation up to ± this
   scale_jitter: float = 0.0     # ... and random zoom by a factor in 1 ± this
   video_layout: str = "frames"  # generated frames: "frames" (one block a frame) | "clip"
+  generation_start: str = "any"  # caption -> clip starts: "any" | "grid" (patch grid)
 
 
 @dataclasses.dataclass(frozen=True)
