@@ -52,6 +52,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                                      # mot/data/moving_digits.py and the README)
   c.data.generation_start = "any"    # caption -> clip training clips start "any"where on the
                                      # canvas or on the patch "grid" (other tasks: anywhere)
+  c.data.first_frame_weight = 1.0    # caption -> clip: loss weight of frame 0, the one frame
+                                     # drawn from the caption alone (the rest move it)
   c.data.seq_len = 288               # row length: the longest example (video generation,
                                      # 15 frame blocks) is 278 tokens
   c.data.examples_per_row = 1        # one clip example a row (two would not fit)

@@ -164,8 +164,9 @@ def compute_losses(params, batch, rng, model: MoT, config, train: bool = True):
   ar_w = batch["ar_weights"] * ~jnp.roll(dropped, -1, axis=1)
   ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch["ar_targets"])
   ar_loss = jnp.sum(ce * ar_w) / jnp.maximum(jnp.sum(ar_w), 1.0)
+  # dm_mask is each noised token's loss weight (1, or e.g. a clip's first frame's).
   dm_loss = diffusion.velocity_loss(velocity, diffusion.velocity_target(x0, noise),
-                                    noised.astype(jnp.float32), dims)
+                                    batch["dm_mask"], dims)
   total = config.ar_loss_weight * ar_loss + config.dm_loss_weight * dm_loss
   return total, {"loss": total, "ar_loss": ar_loss, "dm_loss": dm_loss}
 
@@ -206,7 +207,7 @@ def eval_step(params, batch, rng, *, model: MoT, config) -> dict:
   # Weights, so that batches with few (or no) targets of one kind count for what they hold.
   dims = patch_dim_mask(batch["modality"], model.cfg.modality_patch_dims, model.cfg.patch_dim)
   metrics["ar_weight"] = jnp.sum(batch["ar_weights"])
-  metrics["dm_weight"] = jnp.sum((batch["dm_mask"] > 0)[..., None] * dims)
+  metrics["dm_weight"] = jnp.sum(batch["dm_mask"][..., None] * dims)  # dm_loss's denominator
   return metrics
 
 

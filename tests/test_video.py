@@ -496,3 +496,37 @@ def test_bad_actions_give_one_error_line(video_workdir, tmp_path, extra, message
   assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (
       proc.stderr)
   assert not (tmp_path / "o").exists()
+
+
+def test_first_frame_weight_weighs_frame_zero_in_the_diffusion_loss(pipe):
+  from mot import train_lib
+  config = _tiny_config()
+  clip = moving_digits.constant_clip(_digit(4), "down", np.random.default_rng(0), 3)
+  options = tasks.TaskOptions(patch_size=P, patch_dim=16, num_frames=3,
+                              first_frame_weight=8.0)
+  ex = tasks.get_task("video_generation").build(clip, 4, options, 0)
+  noised = ex["dm_mask"] > 0
+  first = np.flatnonzero(noised)[:G * G]          # frame 0's noised copy comes first
+  np.testing.assert_array_equal(ex["dm_mask"][first], 8.0)
+  assert np.all(ex["dm_mask"][noised] > 0) and np.sum(ex["dm_mask"] == 1.0) == 2 * G * G
+  batch = {k: jnp.asarray(v) for k, v in _as_batch(ex).items()}
+
+  def dm_loss(weights):  # same rng: same timesteps and noise, only the weights differ
+    b = dict(batch, dm_mask=jnp.asarray(weights[None]))
+    return float(train_lib.compute_losses(pipe.params, b, jax.random.PRNGKey(1), pipe.model,
+                                          config, train=False)[1]["dm_loss"])
+
+  tiny = 1e-9
+  only_first = np.where(noised, tiny, 0).astype(np.float32)
+  only_first[first] = 1
+  rest = np.where(noised, 1, 0).astype(np.float32)
+  rest[first] = tiny
+  e0, e1, n0, n1 = dm_loss(only_first), dm_loss(rest), len(first), noised.sum() - len(first)
+  expected = (8 * n0 * e0 + n1 * e1) / (8 * n0 + n1)
+  np.testing.assert_allclose(dm_loss(ex["dm_mask"]), expected, rtol=1e-4)
+  np.testing.assert_allclose(dm_loss(3 * ex["dm_mask"]), expected, rtol=1e-4)  # normalised
+  assert abs(e0 - e1) > 1e-3 * max(e0, e1)  # the two parts differ: the weighting shows
+  data = _tiny_config().data
+  data.first_frame_weight = 0.0
+  with pytest.raises(ValueError, match="first_frame_weight"):
+    data_pipeline.validate(data)

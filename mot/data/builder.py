@@ -103,7 +103,8 @@ class SequenceBuilder:
     self._add_block("video", frames.reshape(t * hp * wp, -1), _grid_offsets(t, hp, wp),
                     max(t, hp, wp), noised, cond)
 
-  def add_video_frames(self, frames: np.ndarray, roles: Sequence[str]) -> None:
+  def add_video_frames(self, frames: np.ndarray, roles: Sequence[str],
+                       weights: Sequence[float] | None = None) -> None:
     """Appends a clip of float [T, hp, wp, p] patches frame by frame: one block a frame.
 
     Positions are exactly `add_video`'s (frame k at t = start + k, h/w per patch, the
@@ -117,6 +118,8 @@ class SequenceBuilder:
       "noised"  a diffusion target that no other token reads (DESIGN §1);
       "forced"  teacher forcing: the frame noised, then the same frame clean at the same
                 positions, so it is a target AND later frames read the true frame.
+    weights[k] (default 1) is frame k's diffusion loss weight, stored as its noised
+    tokens' dm_mask value (training weighs each noised token's error by it).
     One begin marker precedes the frames and one end marker follows them.
     """
     frames = np.asarray(frames, np.float32)
@@ -126,6 +129,9 @@ class SequenceBuilder:
     if len(roles) != t or any(r not in _FRAME_ROLES for r in roles):
       raise ValueError(f"roles {list(roles)} must give one of {_FRAME_ROLES} per frame "
                        f"({t} frames)")
+    weights = [1.0] * t if weights is None else [float(w) for w in weights]
+    if len(weights) != t or min(weights) <= 0:
+      raise ValueError(f"weights {weights} must give one positive weight per frame ({t})")
     modality = modalities.get("video")
     self._check_rows("video", frames.reshape(-1, frames.shape[-1]))
     rows = frames.reshape(t, hp * wp, -1)
@@ -137,7 +143,8 @@ class SequenceBuilder:
       copies = {"given": (False,), "clean": (False,), "noised": (True,),
                 "forced": (True, False)}[role]
       for noised in copies:
-        self._append_block(modality, rows[k], positions, noised, cond=role == "given")
+        self._append_block(modality, rows[k], positions, noised, cond=role == "given",
+                           weight=weights[k])
     self._next_position = start + max(t, hp, wp)
     self.add_text([modality.end_token])
 
@@ -197,23 +204,24 @@ class SequenceBuilder:
                        f"patch_dim {self.patch_dim}")
 
   def _append_block(self, modality, rows: np.ndarray, positions: list, noised: bool,
-                    cond: bool) -> None:
-    """Appends rows [m, p] as the next block id at the given positions (no markers)."""
+                    cond: bool, weight: float = 1.0) -> None:
+    """Appends rows [m, p] as the next block id at the given positions (no markers);
+    a noised block's dm_mask is its loss weight."""
     self._num_blocks += 1
     self._patches.append((len(self), rows))
     self._append([tokenizer.PAD] * rows.shape[0], positions, modality=modality.id,
-                 block=self._num_blocks, noised=noised, cond=cond)
+                 block=self._num_blocks, noised=noised, cond=cond, weight=weight)
 
   def _append(self, tokens: list[int], positions: list, modality: int = modalities.TEXT,
               block: int = 0, noised: bool = False, cond: bool = False,
-              loss: bool = False) -> None:
+              loss: bool = False, weight: float = 1.0) -> None:
     """Appends len(tokens) tokens sharing modality, block and flags."""
     m = len(tokens)
     c = self._columns
     c["tokens"].extend(tokens)
     c["modality"].extend([modality] * m)
     c["block_ids"].extend([block] * m)
-    c["dm_mask"].extend([float(noised)] * m)
+    c["dm_mask"].extend([float(noised) * weight] * m)
     c["cond_mask"].extend([float(cond)] * m)
     c["loss"].extend([float(loss)] * m)
     self._positions.extend(positions)

@@ -243,25 +243,33 @@ def forced_roles(num_frames: int) -> list[str]:
   return ["forced"] * (num_frames - 1) + ["noised"]
 
 
-def add_frames(b: SequenceBuilder, patches: np.ndarray, layout: str) -> None:
+def add_frames(b: SequenceBuilder, patches: np.ndarray, layout: str,
+               first_frame_weight: float = 1.0) -> None:
   """Appends training clip patches [T, hp, wp, p] as diffusion targets in `layout`:
   "clip" one block of T frames drawn together, "frames" one block a frame, teacher forced
-  (`forced_roles`), so that the sampler draws frame k after frames 0..k-1."""
+  (`forced_roles`), so that the sampler draws frame k after frames 0..k-1; there frame
+  0's loss weighs `first_frame_weight` (the other frames 1)."""
   if layout == "clip":
     b.add_video(patches, noised=True)
   elif layout == "frames":
-    b.add_video_frames(patches, forced_roles(len(patches)))
+    b.add_video_frames(patches, forced_roles(len(patches)),
+                       [first_frame_weight] + [1.0] * (len(patches) - 1))
   else:
     raise ValueError(f"video layout {layout!r} is not one of {VIDEO_LAYOUTS}")
 
 
 def video_generation_example(clip: Clip, label: int, patch_size: int, patch_dim: int,
-                             layout: str = "frames") -> dict[str, np.ndarray]:
-  """Caption -> clip: BOS, caption (AR target, CFG conditioning), noised clip, EOS."""
+                             layout: str = "frames", first_frame_weight: float = 1.0
+                             ) -> dict[str, np.ndarray]:
+  """Caption -> clip: BOS, caption (AR target, CFG conditioning), noised clip, EOS.
+
+  Frame by frame, only frame 0 is drawn from the caption alone (every later frame moves
+  the one before it), so `first_frame_weight` can weigh its loss up (FIRST_FRAME_WEIGHT).
+  """
   b = SequenceBuilder(patch_dim)
   b.add_text([tokenizer_lib.BOS])
   b.add_text(_TOKENIZER.encode(caption(label, clip.direction)), loss=True, cond=True)
-  add_frames(b, frame_patches(clip.frames, patch_size), layout)
+  add_frames(b, frame_patches(clip.frames, patch_size), layout, first_frame_weight)
   b.add_text([tokenizer_lib.EOS], loss=True)
   return b.build()
 

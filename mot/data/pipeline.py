@@ -123,7 +123,7 @@ def describe_batch(batch: Mapping[str, np.ndarray]) -> dict[str, int | float]:
       "padding_fraction": 1.0 - real / seg.size,
       "examples": int(seg.max(axis=-1).sum()),  # Segments are numbered 1..k per row.
       "ar_tokens": int(np.asarray(batch["ar_weights"]).sum()),
-      "dm_tokens": int(np.asarray(batch["dm_mask"]).sum()),
+      "dm_tokens": int((np.asarray(batch["dm_mask"]) > 0).sum()),
   }
 
 
@@ -164,9 +164,14 @@ def validate(data_config: Any, task_names: tuple[str, ...] | None = None) -> tas
   if start not in moving_digits.GENERATION_STARTS:
     raise ValueError(f"config.data.generation_start={start!r} must be one of "
                      f"{moving_digits.GENERATION_STARTS}")
+  first_weight = float(data_config.get("first_frame_weight", 1.0))
+  if not 0 < first_weight <= 100 or (layout != "frames" and first_weight != 1):
+    raise ValueError(f"config.data.first_frame_weight={first_weight} must be in (0, 100] "
+                     "and weighs a frame only with video_layout='frames' (else use 1)")
   options = tasks.TaskOptions(patch_size=p, patch_dim=patch_dim, num_frames=num_frames,
                               canvas=size, rotate_degrees=rotate, scale_jitter=scale,
-                              video_layout=layout, generation_start=start)
+                              video_layout=layout, generation_start=start,
+                              first_frame_weight=first_weight)
   if task_names is None:
     task_names = _task_mixture(data_config)[0]
   for name in task_names:

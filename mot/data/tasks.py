@@ -105,6 +105,7 @@ class TaskOptions:
   scale_jitter: float = 0.0     # ... and random zoom by a factor in 1 ± this
   video_layout: str = "frames"  # generated frames: "frames" (one block a frame) | "clip"
   generation_start: str = "any"  # caption -> clip starts: "any" | "grid" (patch grid)
+  first_frame_weight: float = 1.0  # caption -> clip, frame by frame: frame 0's loss weight
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,7 +150,8 @@ def _interleaved(image, label, options: TaskOptions, variant: int):
 def _video_generation(clip, label, options: TaskOptions, variant: int):
   del variant
   return moving_digits.video_generation_example(clip, label, options.patch_size,
-                                                options.patch_dim, options.video_layout)
+                                                options.patch_dim, options.video_layout,
+                                                options.first_frame_weight)
 
 
 def _video_qa(clip, label, options: TaskOptions, variant: int):
