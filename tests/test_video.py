@@ -530,3 +530,19 @@ def test_first_frame_weight_weighs_frame_zero_in_the_diffusion_loss(pipe):
   data.first_frame_weight = 0.0
   with pytest.raises(ValueError, match="first_frame_weight"):
     data_pipeline.validate(data)
+
+
+def test_caption_probe_reads_the_caption_of_the_first_frame(pipe):
+  from bench import caption_probe
+  clip = moving_digits.constant_clip(_digit(1), "left", np.random.default_rng(0), 3)
+  noise = np.random.default_rng(1).standard_normal((G * G, 16)).astype(np.float32)
+  captions = [moving_digits.caption(k, "left") for k in (1, 1, 7)]
+  errors = caption_probe.first_frame_errors(pipe, clip.frames[0], captions, noise)
+  assert errors.shape == (len(caption_probe.TIMES), 3) and np.all(errors > 0)
+  np.testing.assert_allclose(errors[:, 0], errors[:, 1], rtol=1e-5)  # same caption
+  assert np.all(np.abs(errors[:, 2] - errors[:, 0]) > 1e-7)          # the digit is read
+  result = caption_probe.probe(pipe, num_clips=2)
+  assert result["clips"] == 2
+  for name in ("digit_top1", "direction_top1"):
+    assert set(result[name]) == {"0.3", "0.6", "0.9"}
+    assert all(v in (0.0, 0.5, 1.0) for v in result[name].values())
