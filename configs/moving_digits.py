@@ -62,7 +62,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.data.shift_pixels = 0            # unused: the motion itself moves the digit around
   c.data.task_weights = ml_collections.ConfigDict(  # task mix (see the docstring; the README
       {"video_generation": 0.35, "video_qa": 0.2, "world_model": 0.3,  # compares mixes)
-       "inverse_dynamics": 0.15})
+       "inverse_dynamics": 0.15,
+       "video_first_frame": 0.0})     # caption -> frame 0 only, 5 examples a row
 
   # ---- Model: as configs/digits.py, with wider patches. ----
   c.model.patch_dim = c.data.get_ref("patch_dim")  # P, shared with the data

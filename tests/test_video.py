@@ -546,3 +546,22 @@ def test_caption_probe_reads_the_caption_of_the_first_frame(pipe):
   for name in ("digit_top1", "direction_top1"):
     assert set(result[name]) == {"0.3", "0.6", "0.9"}
     assert all(v in (0.0, 0.5, 1.0) for v in result[name].values())
+
+
+def test_first_frame_task_is_caption_to_clip_cut_after_frame_zero_five_to_a_row():
+  clip = moving_digits.constant_clip(_digit(6), "up", np.random.default_rng(3))
+  full = moving_digits.video_generation_example(clip, 6, P, 16)
+  first = moving_digits.first_frame_example(clip, 6, P, 16)
+  noised = lambda ex: np.flatnonzero(ex["dm_mask"] > 0)[:G * G]
+  assert np.sum(first["dm_mask"] > 0) == G * G
+  for field in ("patches", "positions", "modality"):
+    np.testing.assert_array_equal(first[field][noised(first)], full[field][noised(full)])
+  n = noised(first)[0]  # everything before frame 0 (BOS, caption, marker) is the same
+  for field in ("tokens", "positions", "cond_mask", "ar_weights"):
+    np.testing.assert_array_equal(first[field][:n], full[field][:n])
+  data = _tiny_config().data
+  data.seq_len = 288
+  data.task_weights = {"video_first_frame": 1.0}
+  batch = next(iter(data_pipeline.make_train_dataset(data, 0, 2)))
+  np.testing.assert_array_equal(batch["segment_ids"].max(axis=1), [5, 5])
+  np.testing.assert_array_equal((batch["dm_mask"] > 0).sum(axis=1), [5 * G * G] * 2)

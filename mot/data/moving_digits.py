@@ -23,6 +23,7 @@ chunk is one action block (t = start + step, h = w = start), see `SequenceBuilde
 
 The four task layouts:
   video_generation  BOS, caption (cond, AR target), [noised clip], EOS
+  video_first_frame the same cut after frame 0 (several examples a row)
   video_qa          BOS, [clip], QUESTION, answer (AR target), EOS
   world_model       BOS, [first frame] (cond), [actions] (cond), [noised frames 1..T-1], EOS
                     (layout "frames": BOS, [actions] (cond), [frame 0 (cond), frames 1..], EOS)
@@ -274,6 +275,16 @@ def video_generation_example(clip: Clip, label: int, patch_size: int, patch_dim:
   return b.build()
 
 
+def first_frame_example(clip: Clip, label: int, patch_size: int, patch_dim: int,
+                        layout: str = "frames") -> dict[str, np.ndarray]:
+  """Caption -> the clip's first frame alone: caption -> clip cut after frame 0 (same
+  caption, positions and block as that frame there, so the sampler's first step is this
+  example). Frame by frame, frame 0 is the one frame drawn from the caption alone;
+  short (~55 tokens), so several share a row (the task's `per_row`)."""
+  first = Clip(clip.frames[:1], clip.actions[:0], clip.offsets[:1], clip.direction)
+  return video_generation_example(first, label, patch_size, patch_dim, layout)
+
+
 def video_qa_example(clip: Clip, label: int, patch_size: int, patch_dim: int
                      ) -> dict[str, np.ndarray]:
   """Clip -> answer: BOS, clean clip, QUESTION, "3, right" (AR target), EOS (target)."""
@@ -323,6 +334,8 @@ def inverse_dynamics_example(clip: Clip, patch_size: int, patch_dim: int
 WALK_PROB = {"world_model": 0.5, "inverse_dynamics": 0.5}
 # The image tasks' names that train_lib's held-out losses ask for -> their video twins.
 HELDOUT_ALIASES = {"generation": "video_generation", "reasoning": "video_qa"}
+# Caption -> first frame starts where caption -> clip does (GENERATION_STARTS).
+_GENERATION_TASKS = ("video_generation", "video_first_frame")
 
 
 def build_example(name: str, image: np.ndarray, label, options, rng: np.random.Generator,
@@ -341,7 +354,7 @@ def build_example(name: str, image: np.ndarray, label, options, rng: np.random.G
                      f"'moving_digits' trains the video tasks "
                      f"{sorted(n for n, t in tasks.TASKS.items() if t.media == 'video')}")
   variant = int(rng.integers(task.num_variants))
-  grid = (options.patch_size if name == "video_generation"
+  grid = (options.patch_size if name in _GENERATION_TASKS
           and options.generation_start == "grid" else 1)
   clip = random_clip(image, rng, options.num_frames, options.canvas,
                      WALK_PROB.get(name, 0.0), grid)

@@ -6,8 +6,9 @@ function of (seed, batch index): iterators are deterministic and their state is 
 integer, which makes checkpoint/resume exact.
 
   image index (shuffled per epoch, repeated forever)
-    -> example (task drawn from task_weights; variant and augmentation from the same rng)
-    -> row (examples_per_row examples packed into seq_len)
+    -> example (task drawn from task_weights; variant and augmentation from the same rng;
+       a short task's per_row examples, the others' pairs drawn from that rng)
+    -> row (examples_per_row such groups packed into seq_len)
     -> batch [batch_size, seq_len, ...]
 
 `config.data.dataset` picks the pairs: "digits" (image, label), "moving_digits" (the same
@@ -197,10 +198,10 @@ def validate(data_config: Any, task_names: tuple[str, ...] | None = None) -> tas
     raise ValueError(f"config.data.seq_len={seq_len} cannot hold one {longest!r} example: "
                      f"the minimum needed is {lengths[longest]}{why}")
   per_row = int(getattr(data_config, "examples_per_row", 1))
-  if per_row * lengths[longest] > seq_len:
+  group = max(lengths[n] * tasks.get_task(n).per_row for n in task_names)
+  if per_row * group > seq_len:
     logging.warning("config.data.seq_len=%d < examples_per_row=%d x %d tokens: some "
-                    "examples will be dropped when packing", seq_len, per_row,
-                    lengths[longest])
+                    "examples will be dropped when packing", seq_len, per_row, group)
   return options
 
 
@@ -212,12 +213,21 @@ class _MakeExample:
     self.names, self.cum_probs = names, np.cumsum(probs)
     self.options, self.shift_pixels = options, shift_pixels
 
-  def __call__(self, index: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+  def __call__(self, index: int, rng: np.random.Generator) -> list[dict[str, np.ndarray]]:
+    """The example(s) of one drawn task: one, or the task's `per_row`, the rest from
+    pairs drawn by rng (all packed together, in order, by _PackRow)."""
     # Inverse-CDF draw: same law as rng.choice(p=...), several times cheaper.
     task = min(int(np.searchsorted(self.cum_probs, rng.random(), side="right")),
                len(self.names) - 1)
-    image, label = self.pairs[index]  # User data: the image is decoded here.
-    return self.build(self.names[task], image, label, self.options, rng, self.shift_pixels)
+    name = self.names[task]
+    indices, count = [index], tasks.get_task(name).per_row
+    if count > 1:
+      indices += rng.integers(len(self.pairs), size=count - 1).tolist()
+    examples = []
+    for i in indices:
+      image, label = self.pairs[i]  # User data: the image is decoded here.
+      examples.append(self.build(name, image, label, self.options, rng, self.shift_pixels))
+    return examples
 
 
 class _PackRow:
@@ -226,8 +236,8 @@ class _PackRow:
   def __init__(self, seq_len: int):
     self.seq_len = int(seq_len)
 
-  def __call__(self, examples) -> dict[str, np.ndarray]:
-    return packing.pack_examples(list(examples), self.seq_len)[0]
+  def __call__(self, groups) -> dict[str, np.ndarray]:
+    return packing.pack_examples([e for group in groups for e in group], self.seq_len)[0]
 
 
 def _task_mixture(data_config: Any) -> tuple[tuple[str, ...], np.ndarray]:

@@ -120,11 +120,14 @@ class Task:
       are never augmented, so samples stay centred like the data.
     media: "image" (build takes an image [H, W]) or "video" (build takes a
       `moving_digits.Clip`; only config.data.dataset="moving_digits" makes those).
+    per_row: examples of this task drawn together (from other random training pairs)
+      and packed as one group: a short task fills a row that one long example would.
   """
   build: Callable[[np.ndarray, int, TaskOptions, int], dict[str, np.ndarray]]
   num_variants: int = 1
   augment: bool = False
   media: str = "image"
+  per_row: int = 1
 
 
 def _generation(image, label, options: TaskOptions, variant: int):
@@ -154,6 +157,12 @@ def _video_generation(clip, label, options: TaskOptions, variant: int):
                                                 options.first_frame_weight)
 
 
+def _video_first_frame(clip, label, options: TaskOptions, variant: int):
+  del variant
+  return moving_digits.first_frame_example(clip, label, options.patch_size,
+                                           options.patch_dim, options.video_layout)
+
+
 def _video_qa(clip, label, options: TaskOptions, variant: int):
   del variant
   return moving_digits.video_qa_example(clip, label, options.patch_size, options.patch_dim)
@@ -178,6 +187,7 @@ TASKS: dict[str, Task] = {
     "interleaved": Task(_interleaved),
     # Moving digits (config.data.dataset="moving_digits"; see mot.data.moving_digits).
     "video_generation": Task(_video_generation, media="video"),
+    "video_first_frame": Task(_video_first_frame, media="video", per_row=5),
     "video_qa": Task(_video_qa, media="video"),
     "world_model": Task(_world_model, media="video"),
     "inverse_dynamics": Task(_inverse_dynamics, media="video"),
