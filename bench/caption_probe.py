@@ -2,7 +2,8 @@
 
   python -m bench.caption_probe --workdir runs/moving [--clips 80]
 
-For held-out clips of held-out digits, noises the true first frame at t in TIMES (one
+For held-out clips of held-out digits (starting where the checkpoint's caption -> clip
+training clips did: config.data.generation_start), noises the true first frame at t in TIMES (one
 fixed noise per clip) and measures the model's x0-prediction error for frame 0 of
 caption -> clip under every caption that differs in one word: the 10 digits (direction
 kept) and the 4 directions (digit kept). If the model draws frame 0 from the caption, the
@@ -73,13 +74,16 @@ def probe(pipe, num_clips: int, seed: int = 0) -> dict:
   _, _, held_x, held_y = digits.load_digits_split()
   rng = np.random.default_rng(seed)
   names = moving_digits.DIRECTION_NAMES
+  # Clips start where the checkpoint's caption -> clip training clips did.
+  on_grid = pipe.config.data.get("generation_start", "any") == "grid"
+  grid = pipe.patch_size if on_grid else 1
   digit_top1, direction_top1 = np.zeros(len(TIMES)), np.zeros(len(TIMES))
   margins = []
   num_clips = min(num_clips, len(held_x))
   for i in range(num_clips):
     label, direction = int(held_y[i]), names[i % len(names)]
     clip = moving_digits.constant_clip(held_x[i], direction, rng, pipe.num_frames,
-                                       pipe.image_size)
+                                       pipe.image_size, grid)
     noise = rng.standard_normal(
         ((pipe.image_size // pipe.patch_size) ** 2, pipe.model_cfg.patch_dim)).astype(np.float32)
     noise[:, pipe.patch_size ** 2:] = 0
