@@ -23,9 +23,14 @@ import numpy as np
 from absl import app, flags
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("workdir", None, "Moving-digits training workdir (newest checkpoint, EMA).")
-flags.DEFINE_integer("clips", 80, "Held-out clips probed (one per held-out digit, in order).")
-flags.DEFINE_integer("seed", 0, "Seed of the clips' start positions and of the noise.")
+
+
+def _define_flags() -> None:
+  """Flags only when run as a script: tests import probe() next to other bench modules
+  that define the same names."""
+  flags.DEFINE_string("workdir", None, "Moving-digits training workdir (newest checkpoint, EMA).")
+  flags.DEFINE_integer("clips", 80, "Held-out clips probed (one per held-out digit, in order).")
+  flags.DEFINE_integer("seed", 0, "Seed of the clips' start positions and of the noise.")
 
 TIMES = (0.3, 0.6, 0.9)  # noise levels probed: x_t = (1 - t) x0 + t noise
 
@@ -123,5 +128,6 @@ def main(argv):
 if __name__ == "__main__":
   from mot import cli as _cli
   _cli.maybe_reexec_with_tcmalloc()  # as train.py and sample.py
+  _define_flags()
   flags.mark_flag_as_required("workdir")
   app.run(main)
