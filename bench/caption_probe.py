@@ -15,6 +15,7 @@ JSON line.
 """
 from __future__ import annotations
 
+import functools
 import json
 
 import jax
@@ -55,22 +56,17 @@ def first_frame_errors(pipe, first_frame: np.ndarray, captions: list[str],
   errors = []
   for t in times:
     x_t = (1 - t) * x0 + t * noise[None]
-    v = np.asarray(_velocity(pipe, prefix, block, x_t, t))
+    v = np.asarray(_velocity(pipe.model, pipe.params, prefix, block, x_t, np.float32(t)))
     errors.append(np.mean(((x_t - t * v) - x0)[..., :dims] ** 2, axis=(1, 2)))
   return np.stack(errors)
 
 
-def _velocity(pipe, prefix, block, x_t, t):
+@functools.partial(jax.jit, static_argnums=0)
+def _velocity(model, params, prefix, block, x_t, t):
+  """The block's velocity at (x_t, t) after each row's prefix (all of it kept)."""
   from mot import sampling
-  fn = getattr(pipe, "_caption_probe_velocity", None)
-  if fn is None:
-    @jax.jit
-    def fn(params, prefix, block, x, t):
-      keep = jnp.ones(prefix["tokens"].shape, bool)
-      return sampling.cached_block_velocity(pipe.model, params, prefix, block, keep)(x, t)
-    pipe._caption_probe_velocity = fn  # pylint: disable=protected-access
-  as_jax = lambda d: {k: jnp.asarray(v) for k, v in d.items()}
-  return fn(pipe.params, as_jax(prefix), as_jax(block), jnp.asarray(x_t), jnp.float32(t))
+  keep = jnp.ones(prefix["tokens"].shape, bool)
+  return sampling.cached_block_velocity(model, params, prefix, block, keep)(x_t, t)
 
 
 def probe(pipe, num_clips: int, seed: int = 0) -> dict:
