@@ -265,7 +265,8 @@ def video_generation_example(clip: Clip, label: int, patch_size: int, patch_dim:
   """Caption -> clip: BOS, caption (AR target, CFG conditioning), noised clip, EOS.
 
   Frame by frame, only frame 0 is drawn from the caption alone (every later frame moves
-  the one before it), so `first_frame_weight` can weigh its loss up (FIRST_FRAME_WEIGHT).
+  the one before it), so `first_frame_weight` can weigh its loss up
+  (config.data.first_frame_weight; README: more examples help, a weight does not).
   """
   b = SequenceBuilder(patch_dim)
   b.add_text([tokenizer_lib.BOS])
