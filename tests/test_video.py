@@ -221,6 +221,10 @@ def test_frame_layout_is_teacher_forced_frame_by_frame():
   for roles in (["clean"], ["clean", "drawn"]):
     with pytest.raises(ValueError, match="roles"):
       SequenceBuilder(16).add_video_frames(np.zeros((2, G, G, 16)), roles)
+  with pytest.raises(ValueError, match="empty video block"):
+    SequenceBuilder(16).add_video_frames(np.zeros((0, G, G, 16)), [])
+  with pytest.raises(ValueError, match="positive weight"):
+    SequenceBuilder(16).add_video_frames(np.zeros((2, G, G, 16)), ["clean"] * 2, [1.0, 0.0])
 
 
 @pytest.mark.parametrize("layout", moving_digits.VIDEO_LAYOUTS)

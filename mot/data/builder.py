@@ -130,7 +130,7 @@ class SequenceBuilder:
       raise ValueError(f"roles {list(roles)} must give one of {_FRAME_ROLES} per frame "
                        f"({t} frames)")
     weights = [1.0] * t if weights is None else [float(w) for w in weights]
-    if len(weights) != t or min(weights) <= 0:
+    if len(weights) != t or any(w <= 0 for w in weights):
       raise ValueError(f"weights {weights} must give one positive weight per frame ({t})")
     modality = modalities.get("video")
     self._check_rows("video", frames.reshape(-1, frames.shape[-1]))
