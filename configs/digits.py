@@ -40,6 +40,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # ---- Losses. ----
   c.ar_loss_weight = 3.0             # weight of the next-token cross-entropy (the answer is
                                      # one token in ~25 AR targets: 3 makes reading keep up)
+  c.ar_label_smoothing = 0.0         # label smoothing of the AR targets while training (the
+                                     # logged ar_loss stays the plain cross-entropy)
   c.dm_loss_weight = 1.0             # lambda: weight of the velocity MSE
   c.cond_drop_prob = 0.1             # P(caption blanked) per example, for CFG
   c.timestep_logit_mean = 0.0        # logit-normal timestep sampling (SD3): mean

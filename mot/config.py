@@ -135,6 +135,9 @@ def validate(config: Any) -> ModelConfig:
          f"config.cond_drop_prob={config.cond_drop_prob} must be in [0, 1)")
   _check(0.0 <= config.ema_decay < 1.0,
          f"config.ema_decay={config.ema_decay} must be in [0, 1)")
+  smoothing = config.get("ar_label_smoothing", 0.0)
+  _check(isinstance(smoothing, (int, float)) and 0.0 <= smoothing < 1.0,
+         f"config.ar_label_smoothing={smoothing!r} must be in [0, 1): e.g. 0.1")
   _check(config.dm_loss_weight >= 0,
          f"config.dm_loss_weight={config.dm_loss_weight} must be >= 0")
   try:

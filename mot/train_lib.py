@@ -164,11 +164,28 @@ def compute_losses(params, batch, rng, model: MoT, config, train: bool = True):
   ar_w = batch["ar_weights"] * ~jnp.roll(dropped, -1, axis=1)
   ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch["ar_targets"])
   ar_loss = jnp.sum(ce * ar_w) / jnp.maximum(jnp.sum(ar_w), 1.0)
+  ar_objective = ar_loss
+  smoothing = config.get("ar_label_smoothing", 0.0) if train else 0.0
+  if smoothing:
+    ar_objective = label_smoothed(ar_loss, logits, ar_w, smoothing)
   # dm_mask is each noised token's loss weight (1, or e.g. a clip's first frame's).
   dm_loss = diffusion.velocity_loss(velocity, diffusion.velocity_target(x0, noise),
                                     batch["dm_mask"], dims)
-  total = config.ar_loss_weight * ar_loss + config.dm_loss_weight * dm_loss
+  total = config.ar_loss_weight * ar_objective + config.dm_loss_weight * dm_loss
+  # ar_loss stays the plain cross-entropy, so runs with and without smoothing compare.
   return total, {"loss": total, "ar_loss": ar_loss, "dm_loss": dm_loss}
+
+
+def label_smoothed(ar_loss: Array, logits: Array, ar_w: Array, smoothing: float) -> Array:
+  """(1 - s) * cross-entropy + s * cross-entropy against the uniform distribution.
+
+  The uniform term is logsumexp - mean(logits) per token, so no one-hot [B, L, V] is built.
+  logits [B, L, V], ar_w [B, L]; ar_loss is the weighted mean plain cross-entropy.
+  """
+  logits = logits.astype(jnp.float32)
+  uniform = jax.nn.logsumexp(logits, axis=-1) - jnp.mean(logits, axis=-1)
+  uniform = jnp.sum(uniform * ar_w) / jnp.maximum(jnp.sum(ar_w), 1.0)
+  return (1.0 - smoothing) * ar_loss + smoothing * uniform
 
 
 def ema_decay(step: Array, decay: float) -> Array:

@@ -42,6 +42,7 @@ def train_cases(workdir, a_file):
       "negative batch": [*TINY, *w, "--config.batch_size=-4"],
       "bad learning rate": [*TINY, *w, "--config.learning_rate=-1.0"],
       "dropout out of range": [*TINY, *w, "--config.model.dropout_rate=1.5"],
+      "label smoothing out of range": [*TINY, *w, "--config.ar_label_smoothing=1.0"],
       "zero time shift": [*TINY, *w, "--config.sample.shift=0.0"],
       "reading shifts out of range": [*TINY, *w, "--config.sample.reason_shifts=3"],
       "unknown video layout": ["--config", "configs/moving_digits.py:tiny", *w,

@@ -63,3 +63,39 @@ def test_heldout_losses_weigh_targets_not_batches():
   means = train_lib.weighted_eval_means(results)
   np.testing.assert_allclose(means["dm_loss"], 0.8)
   np.testing.assert_allclose(means["ar_loss"], 2.5)
+
+
+def test_label_smoothing_matches_one_hot_and_keeps_the_logged_loss_plain():
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(2, 5, 7)).astype(np.float32) * 3
+  targets = rng.integers(0, 7, size=(2, 5))
+  weights = (rng.random((2, 5)) > 0.3).astype(np.float32)
+  s = 0.1
+  logp = logits - np.log(np.sum(np.exp(logits), -1, keepdims=True))
+  soft = np.full(logits.shape, s / 7) + (1 - s) * np.eye(7)[targets]
+  want = np.sum(-np.sum(soft * logp, -1) * weights) / weights.sum()
+  plain = np.sum(-np.take_along_axis(logp, targets[..., None], -1)[..., 0] * weights)
+  plain /= weights.sum()
+  got = train_lib.label_smoothed(np.float32(plain), logits, weights, s)
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  assert want > plain  # the uniform term costs something when the logits are peaked
+
+
+def test_label_smoothing_changes_the_objective_not_the_logged_ar_loss(tiny_config):
+  import jax
+  from mot import model as model_lib
+  from mot.config import validate
+  from mot.data import pipeline
+  cfg = validate(tiny_config)
+  model = model_lib.MoT(cfg)
+  batch = next(iter(pipeline.make_train_dataset(tiny_config.data, 0, 4)))
+  batch = jax.tree.map(np.asarray, batch)
+  params = model.init(jax.random.PRNGKey(0), model_lib.inputs_from_batch(batch))["params"]
+  out = {}
+  for s in (0.0, 0.2):
+    tiny_config.ar_label_smoothing = s
+    out[s] = train_lib.compute_losses(params, batch, jax.random.PRNGKey(1), model,
+                                      tiny_config)
+  (total0, m0), (total2, m2) = out[0.0], out[0.2]
+  np.testing.assert_allclose(m0["ar_loss"], m2["ar_loss"], rtol=1e-6)
+  assert abs(float(total2) - float(total0)) > 1e-4
