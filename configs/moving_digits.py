@@ -6,6 +6,7 @@ trains four tasks, plus caption -> first frame alone (see mot/data/moving_digits
   video_generation  "a handwritten digit 3 moving right" -> clip (DM)
   video_first_frame the same caption -> the clip's frame 0 (DM; five examples a row)
   video_qa          clip + "Which digit moves, and where?" -> "3, right" (AR)
+  video_frame_qa    one frame + "Which digit is this?" -> "3" (AR; six examples a row)
   world_model       first frame + actions -> the other 7 frames (DM)
   inverse_dynamics  clip -> the 7 actions (DM, action head)
 
@@ -64,8 +65,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.data.task_weights = ml_collections.ConfigDict(  # task mix (see the docstring; the README
       {"video_generation": 0.35, "video_qa": 0.45, "world_model": 0.3,  # compares mixes)
        "inverse_dynamics": 0.15,
-       "video_first_frame": 0.5})     # caption -> frame 0 only, 5 examples a row (CFG 2,
+       "video_first_frame": 0.5,      # caption -> frame 0 only, 5 examples a row (CFG 2,
                                       # .25: identity 60.0 %, QA 78.5 %; .5: 87.5 %, 67.0 %)
+       "video_frame_qa": 0.0})        # one frame -> "3", 6 examples a row (README Video)
 
   # ---- Model: as configs/digits.py, with wider patches. ----
   c.model.patch_dim = c.data.get_ref("patch_dim")  # P, shared with the data

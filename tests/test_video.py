@@ -569,3 +569,23 @@ def test_first_frame_task_is_caption_to_clip_cut_after_frame_zero_five_to_a_row(
   batch = next(iter(data_pipeline.make_train_dataset(data, 0, 2)))
   np.testing.assert_array_equal(batch["segment_ids"].max(axis=1), [5, 5])
   np.testing.assert_array_equal((batch["dm_mask"] > 0).sum(axis=1), [5 * G * G] * 2)
+
+
+def test_frame_qa_reads_frame_zero_as_the_clip_has_it_six_to_a_row():
+  clip = moving_digits.constant_clip(_digit(4), "down", np.random.default_rng(5))
+  qa = moving_digits.video_qa_example(clip, 4, P, 16)
+  one = moving_digits.frame_qa_example(clip, 4, P, 16)
+  video = lambda ex: np.flatnonzero(ex["modality"] == modalities.VIDEO)
+  assert len(video(one)) == G * G and np.sum(one["dm_mask"]) == 0  # clean, not generated
+  for field in ("patches", "positions"):  # frame 0 with the clip's own patches and places
+    np.testing.assert_array_equal(one[field][video(one)], qa[field][video(qa)[:G * G]])
+  targets = tokenizer.Tokenizer().decode(
+      [int(t) for t, w in zip(one["tokens"][1:], one["ar_weights"][:-1]) if w > 0])
+  assert targets == "4" and np.sum(one["ar_weights"]) == 2  # the digit, then EOS
+  data = _tiny_config().data
+  data.seq_len = 288
+  data.task_weights = {"video_frame_qa": 1.0}
+  batch = next(iter(data_pipeline.make_train_dataset(data, 0, 2)))
+  np.testing.assert_array_equal(batch["segment_ids"].max(axis=1), [6, 6])
+  assert np.sum(batch["dm_mask"]) == 0
+  np.testing.assert_array_equal((batch["ar_weights"] > 0).sum(axis=1), [12, 12])

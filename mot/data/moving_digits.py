@@ -25,6 +25,7 @@ The four task layouts:
   video_generation  BOS, caption (cond, AR target), [noised clip], EOS
   video_first_frame the same cut after frame 0 (several examples a row)
   video_qa          BOS, [clip], QUESTION, answer (AR target), EOS
+  video_frame_qa    BOS, [frame 0], FRAME_QUESTION, "3" (AR target), EOS (several a row)
   world_model       BOS, [first frame] (cond), [actions] (cond), [noised frames 1..T-1], EOS
                     (layout "frames": BOS, [actions] (cond), [frame 0 (cond), frames 1..], EOS)
   inverse_dynamics  BOS, [clip], ACTIONS_PROMPT, [noised actions], EOS
@@ -61,6 +62,7 @@ ACTION_DIM = 2       # (dx, dy) per step
 DIRECTIONS = {"right": (1, 0), "left": (-1, 0), "up": (0, -1), "down": (0, 1)}
 DIRECTION_NAMES = tuple(DIRECTIONS)
 QUESTION = "Which digit moves, and where?"
+FRAME_QUESTION = "Which digit is this?"  # video_frame_qa: one frame, the digit alone
 ACTIONS_PROMPT = "actions:"
 # How generated frames are laid out: "clip" = one block of T frames denoised together;
 # "frames" = one block a frame, each drawn after the frames before it (see module doc).
@@ -295,6 +297,23 @@ def video_qa_example(clip: Clip, label: int, patch_size: int, patch_dim: int
   b.add_text(_TOKENIZER.encode(QUESTION))
   b.add_text(_TOKENIZER.encode(answer(label, clip.direction)) + [tokenizer_lib.EOS],
              loss=True)
+  return b.build()
+
+
+def frame_qa_example(clip: Clip, label: int, patch_size: int, patch_dim: int
+                     ) -> dict[str, np.ndarray]:
+  """One frame -> the digit: BOS, [frame 0] (a one-frame clip), FRAME_QUESTION, "3"
+  (AR target), EOS (target).
+
+  Video QA has one answer per ~170-token clip example, one example a row: the reading
+  head sees few answers. This reads the same frame tokens (same patches, same video
+  modality) ~6 to a row, so it trains reading the digit on the clips' own tokenization.
+  """
+  b = SequenceBuilder(patch_dim)
+  b.add_text([tokenizer_lib.BOS])
+  b.add_video(frame_patches(clip.frames[:1], patch_size), noised=False)
+  b.add_text(_TOKENIZER.encode(FRAME_QUESTION))
+  b.add_text(_TOKENIZER.encode(str(int(label))) + [tokenizer_lib.EOS], loss=True)
   return b.build()
 
 

@@ -168,6 +168,11 @@ def _video_qa(clip, label, options: TaskOptions, variant: int):
   return moving_digits.video_qa_example(clip, label, options.patch_size, options.patch_dim)
 
 
+def _video_frame_qa(clip, label, options: TaskOptions, variant: int):
+  del variant
+  return moving_digits.frame_qa_example(clip, label, options.patch_size, options.patch_dim)
+
+
 def _world_model(clip, label, options: TaskOptions, variant: int):
   del label, variant  # The digit's identity is in the first frame, not in any text.
   return moving_digits.world_model_example(clip, options.patch_size, options.patch_dim,
@@ -189,6 +194,7 @@ TASKS: dict[str, Task] = {
     "video_generation": Task(_video_generation, media="video"),
     "video_first_frame": Task(_video_first_frame, media="video", per_row=5),
     "video_qa": Task(_video_qa, media="video"),
+    "video_frame_qa": Task(_video_frame_qa, media="video", per_row=6),
     "world_model": Task(_world_model, media="video"),
     "inverse_dynamics": Task(_inverse_dynamics, media="video"),
 }
