@@ -291,13 +291,8 @@ def first_frame_example(clip: Clip, label: int, patch_size: int, patch_dim: int,
 def video_qa_example(clip: Clip, label: int, patch_size: int, patch_dim: int
                      ) -> dict[str, np.ndarray]:
   """Clip -> answer: BOS, clean clip, QUESTION, "3, right" (AR target), EOS (target)."""
-  b = SequenceBuilder(patch_dim)
-  b.add_text([tokenizer_lib.BOS])
-  b.add_video(frame_patches(clip.frames, patch_size), noised=False)
-  b.add_text(_TOKENIZER.encode(QUESTION))
-  b.add_text(_TOKENIZER.encode(answer(label, clip.direction)) + [tokenizer_lib.EOS],
-             loss=True)
-  return b.build()
+  return _reading_example(frame_patches(clip.frames, patch_size), QUESTION,
+                          answer(label, clip.direction), patch_dim)
 
 
 def frame_qa_example(clip: Clip, label: int, patch_size: int, patch_dim: int
@@ -309,11 +304,18 @@ def frame_qa_example(clip: Clip, label: int, patch_size: int, patch_dim: int
   head sees few answers. This reads the same frame tokens (same patches, same video
   modality) ~6 to a row, so it trains reading the digit on the clips' own tokenization.
   """
+  return _reading_example(frame_patches(clip.frames[:1], patch_size), FRAME_QUESTION,
+                          str(int(label)), patch_dim)
+
+
+def _reading_example(patches: np.ndarray, question: str, reply: str, patch_dim: int
+                     ) -> dict[str, np.ndarray]:
+  """BOS, clean frames [T, N, P], question, reply (AR target), EOS (target)."""
   b = SequenceBuilder(patch_dim)
   b.add_text([tokenizer_lib.BOS])
-  b.add_video(frame_patches(clip.frames[:1], patch_size), noised=False)
-  b.add_text(_TOKENIZER.encode(FRAME_QUESTION))
-  b.add_text(_TOKENIZER.encode(str(int(label))) + [tokenizer_lib.EOS], loss=True)
+  b.add_video(patches, noised=False)
+  b.add_text(_TOKENIZER.encode(question))
+  b.add_text(_TOKENIZER.encode(reply) + [tokenizer_lib.EOS], loss=True)
   return b.build()
 
 
