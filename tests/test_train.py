@@ -65,7 +65,7 @@ def test_heldout_losses_weigh_targets_not_batches():
   np.testing.assert_allclose(means["ar_loss"], 2.5)
 
 
-def test_label_smoothing_matches_one_hot_and_keeps_the_logged_loss_plain():
+def test_label_smoothing_matches_the_one_hot_soft_target_cross_entropy():
   rng = np.random.default_rng(0)
   logits = rng.normal(size=(2, 5, 7)).astype(np.float32) * 3
   targets = rng.integers(0, 7, size=(2, 5))

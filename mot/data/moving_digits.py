@@ -21,7 +21,7 @@ patches per frame, 16 tokens a frame, 128 for a clip of 8): short sequences on a
 Frames are one video block with (t, h, w) M-RoPE positions (t = start + frame); an action
 chunk is one action block (t = start + step, h = w = start), see `SequenceBuilder`.
 
-The four task layouts:
+The task layouts:
   video_generation  BOS, caption (cond, AR target), [noised clip], EOS
   video_first_frame the same cut after frame 0 (several examples a row)
   video_qa          BOS, [clip], QUESTION, answer (AR target), EOS
