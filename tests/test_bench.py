@@ -83,3 +83,24 @@ def test_swiglu_gradient_bench_times_both_versions_with_equal_gradients():
   assert result["custom_ms"] > 0 and result["autodiff_ms"] > 0 and result["steps_each"] == 2
   assert result["distinct_programs"] is True   # the autodiff version really was traced
   assert result["max_grad_difference"] < 1e-4
+
+
+def test_profile_step_bench_groups_the_traced_step_by_op_kind(tmp_path):
+  from bench import profile_step
+  assert profile_step.op_kind("ynn_fusion.14") == "ynn_fusion"
+  assert profile_step.op_kind("copy_bitcast_fusion") == "copy_bitcast_fusion"
+  assert profile_step.is_xla_worker("tf_XLAEigen/123") and not profile_step.is_xla_worker(
+      "tf_XLAPjRtCpuClient/1")
+  proc = subprocess.run(
+      [sys.executable, "-m", "bench.profile_step", "--config", "configs/digits.py:tiny",
+       "--warmup", "1", "--steps", "1", "--top", "4", "--trace_dir", str(tmp_path)],
+      cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert result["xla_threads"] >= 1 and result["wall_ms_per_step"] > 0
+  assert 1 <= len(result["top_ops"]) <= 4
+  shares = [op["share"] for op in result["top_ops"]]
+  assert shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 1.0 + 1e-6
+  assert 0 < result["busy_fraction"]
+  assert not any(op["op"] in ("while", "ThunkExecutor::Execute") for op in result["top_ops"])
+  assert any(name.endswith(".xplane.pb") for _, _, files in os.walk(tmp_path) for name in files)

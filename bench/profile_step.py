@@ -1,0 +1,140 @@
+"""Where a train step's time goes: a jax.profiler trace of it, ops grouped by kind.
+
+  python -m bench.profile_step --config configs/bench.py:peer
+  python -m bench.profile_step --config configs/digits.py --steps 3 --top 15
+
+Builds the state and the jitted step exactly as train.py, runs `--warmup` steps (compiles),
+traces `--steps` more with `jax.profiler`, then reads the trace back in this process
+(`jax.profiler.ProfileData`, no TensorBoard needed). XLA's worker threads (the lines whose
+name starts with "tf_XLA" and not "tf_XLAPjRt") run the compiled program's ops; their time
+per step is summed by op kind: the op's name without its numeric suffix
+("ynn_fusion.14" -> "ynn_fusion": XLA:CPU's YNNPACK matmul fusions; "copy_bitcast_fusion":
+transposed copies; ...). Prints a short table, then one JSON line: wall ms per step, XLA
+thread ms per step, the busy fraction (thread time / (threads x wall)), and the `--top`
+op kinds with their ms per step and share of the thread time. The trace directory is kept
+(`--trace_dir`) for TensorBoard / Perfetto.
+"""
+import collections
+import json
+import os
+import re
+import tempfile
+import time
+
+import jax
+from absl import flags
+from ml_collections import config_flags
+
+from mot import cli
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """Only when run as a script: importing op_kind and friends (tests) next to the other
+  benchmarks, which define --config too, must not define flags twice."""
+  config_flags.DEFINE_config_file("config", "configs/bench.py:peer", "Config file (and "
+                                  "overrides).", lock_config=True)
+  flags.DEFINE_integer("steps", 3, "Traced steps (after the warm-up).")
+  flags.DEFINE_integer("warmup", 2, "Untraced steps first (the first one compiles).")
+  flags.DEFINE_integer("top", 12, "Op kinds listed, largest first.")
+  flags.DEFINE_string("trace_dir", None, "Where the trace goes (default: a new temp dir).")
+
+
+def op_kind(name: str) -> str:
+  """'ynn_fusion.14' -> 'ynn_fusion'; 'while.124' -> 'while'."""
+  return re.sub(r"\.\d+$", "", name)
+
+
+def is_xla_worker(line_name: str) -> bool:
+  """XLA:CPU's worker threads (the ones that run ops), not the client's waiting thread."""
+  return line_name.startswith("tf_XLA") and not line_name.startswith("tf_XLAPjRt")
+
+
+# Events on the worker threads that wrap others (a whole program run, a wait, a loop such
+# as nn.scan's, whose body's ops are events of their own): counting them would count the
+# ops inside twice.
+WRAPPERS = ("ThunkExecutor::Execute", "SlinkyThreadPool::Await")
+CONTROL_FLOW = ("while", "conditional", "call")
+
+
+def op_times(xplane_path: str) -> tuple[dict[str, float], int]:
+  """Total ns per op kind over XLA's worker threads, and how many such threads ran."""
+  profile = jax.profiler.ProfileData.from_file(xplane_path)
+  totals, threads = collections.Counter(), set()
+  for plane in profile.planes:
+    for line in plane.lines:
+      if not is_xla_worker(line.name):
+        continue
+      for event in line.events:
+        if event.name.startswith(WRAPPERS) or op_kind(event.name) in CONTROL_FLOW:
+          continue
+        threads.add((plane.name, line.name))
+        totals[op_kind(event.name)] += event.duration_ns
+  return dict(totals), len(threads)
+
+
+def main(argv):
+  if len(argv) > 1:
+    cli.fail(f"unexpected arguments {argv[1:]}: every option is a --flag (see --help)")
+  with cli.clean_errors():
+    profile_step()
+
+
+def profile_step() -> None:
+  """Traces FLAGS.steps train steps and prints the op-kind table and the JSON line."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  from mot import config as config_lib, sharding, train_lib  # pylint: disable=g-import-not-at-top
+  from mot.model import MoT  # pylint: disable=g-import-not-at-top
+  config = FLAGS.config
+  if FLAGS.steps < 1 or FLAGS.warmup < 1:
+    raise config_lib.ConfigError("--steps and --warmup must be at least 1")
+  model = MoT(config_lib.validate(config))
+  mesh, rules = sharding.make_mesh(config), sharding.logical_rules(config)
+  tx = train_lib.make_optimizer(config)
+  init_rng, step_rng = jax.random.split(jax.random.PRNGKey(config.seed))
+  step_rng = sharding.replicate(mesh, step_rng)
+  state, shardings = train_lib.create_train_state(model, tx, mesh, rules, init_rng,
+                                                  config.data.seq_len)
+  p_step = train_lib.jit_train_step(model, tx, config, mesh, rules, shardings)
+  data = iter(train_lib.process_train_dataset(config, mesh))
+  batches = [sharding.global_batch(mesh, next(data), config.batch_size)
+             for _ in range(FLAGS.warmup + FLAGS.steps)]   # input work stays out of the trace
+  trace_dir = FLAGS.trace_dir or tempfile.mkdtemp(prefix="mot_profile_")
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    for batch in batches[:FLAGS.warmup]:
+      state, _ = p_step(state, batch, step_rng)
+    jax.block_until_ready(state)
+    jax.profiler.start_trace(trace_dir)
+    start = time.perf_counter()
+    for batch in batches[FLAGS.warmup:]:
+      state, _ = p_step(state, batch, step_rng)
+      jax.block_until_ready(state)
+    wall_s = time.perf_counter() - start
+    jax.profiler.stop_trace()
+  paths = sorted(os.path.join(d, f) for d, _, files in os.walk(trace_dir)
+                 for f in files if f.endswith(".xplane.pb"))
+  if not paths:
+    cli.fail(f"jax.profiler wrote no .xplane.pb under {trace_dir}: is the profiler "
+             "plugin of this jaxlib working? (see jax.profiler's docs)")
+  totals, threads = op_times(paths[-1])
+  per_step = {k: v / 1e6 / FLAGS.steps for k, v in totals.items()}
+  thread_ms = sum(per_step.values())
+  wall_ms = 1e3 * wall_s / FLAGS.steps
+  top = sorted(per_step.items(), key=lambda kv: -kv[1])[:FLAGS.top]
+  for kind, ms in top:
+    print(f"{ms:9.1f} ms/step  {100 * ms / max(thread_ms, 1e-9):5.1f} %  {kind}")
+  print(json.dumps({
+      "bench": "profile_step", "config": config.variant, "backend": jax.default_backend(),
+      "steps": FLAGS.steps, "wall_ms_per_step": round(wall_ms, 2),
+      "xla_thread_ms_per_step": round(thread_ms, 2), "xla_threads": threads,
+      "busy_fraction": round(thread_ms / max(threads * wall_ms, 1e-9), 3),
+      "top_ops": [{"op": k, "ms_per_step": round(ms, 2),
+                   "share": round(ms / max(thread_ms, 1e-9), 3)} for k, ms in top],
+      "trace_dir": trace_dir, "loadavg": [round(x, 2) for x in os.getloadavg()]}))
+
+
+if __name__ == "__main__":
+  cli.maybe_reexec_with_tcmalloc()  # as train.py
+  define_flags()
+  cli.run(main)
