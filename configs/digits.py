@@ -93,6 +93,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.data.rotate_degrees = 0.0        # ... random rotation up to ± this many degrees (off:
                                      # 10 degrees did not raise held-out reading, 92.9 %)
   c.data.scale_jitter = 0.0          # ... random zoom by 1 ± this
+  c.data.cutout_size = 0             # ... a random square of this many pixels a side
+                                     # erased to background (0: off)
+  c.data.cutout_prob = 0.5           # ... in this fraction of the reading images
   c.data.task_weights = ml_collections.ConfigDict(  # task mix (interleaved: think, then draw)
       {"generation": 0.35, "reasoning": 0.45, "text": 0.1, "interleaved": 0.1})
 

@@ -401,7 +401,8 @@ def check_resumable(workdir: str, step: int, config) -> None:
     diff = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k)
                   and not added_at_default(k)
                   and k not in ("task_weights", "shift_pixels", "rotate_degrees",
-                                "scale_jitter", "num_threads", "prefetch", "workers"))
+                                "scale_jitter", "cutout_size", "cutout_prob",
+                                "num_threads", "prefetch", "workers"))
     if diff:
       raise ckpt_lib.CheckpointError(
           f"the checkpoint in {workdir} was trained with different config.{section} fields "

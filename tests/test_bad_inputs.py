@@ -45,6 +45,7 @@ def train_cases(workdir, a_file):
       "label smoothing out of range": [*TINY, *w, "--config.ar_label_smoothing=1.0"],
       "zero time shift": [*TINY, *w, "--config.sample.shift=0.0"],
       "reading shifts out of range": [*TINY, *w, "--config.sample.reason_shifts=3"],
+      "cutout as large as the image": [*TINY, *w, "--config.data.cutout_size=8"],
       "unknown video layout": ["--config", "configs/moving_digits.py:tiny", *w,
                                "--config.data.video_layout=joint"],
       "unknown generation start": ["--config", "configs/moving_digits.py:tiny", *w,

@@ -237,6 +237,37 @@ def test_random_rotate_scale():
   np.testing.assert_array_equal(gen["patches"], tasks.generation_example(img, 0, 2, 4)["patches"])
 
 
+def test_random_cutout_erases_one_clipped_square_of_reading_images_only():
+  img = np.linspace(0.0, 1.0, 64, dtype=np.float32).reshape(8, 8)  # no background pixel
+  for seed in range(40):
+    out = tasks.random_cutout(img, 3, np.random.default_rng(seed))
+    erased = out != img
+    ys, xs = np.nonzero(erased)
+    # One axis-aligned rectangle, at most 3x3 (less where the square leaves the image),
+    # set to background; every other pixel untouched; the input not modified.
+    assert 1 <= erased.sum() <= 9 and np.all(out[erased] == digits.BACKGROUND)
+    assert erased.sum() == (np.ptp(ys) + 1) * (np.ptp(xs) + 1) <= 9
+    np.testing.assert_array_equal(out[~erased], img[~erased])
+  assert img.min() >= 0.0
+  # Centres are uniform over the image: both full squares and clipped ones occur.
+  sizes = {int((tasks.random_cutout(img, 3, np.random.default_rng(s)) != img).sum())
+           for s in range(200)}
+  assert 9 in sizes and {4, 6} & sizes
+  # Training applies it to reading images only, in about cutout_prob of them.
+  rng = np.random.default_rng(0)
+  opts = tasks.TaskOptions(patch_size=2, patch_dim=4, cutout_size=2, cutout_prob=0.5)
+  clean = tasks.reasoning_example(img, 0, 2, 4)["patches"]
+  reads = [tasks.build_example("reasoning", img, 0, opts, rng)["patches"] for _ in range(200)]
+  cut = sum(not np.array_equal(r, clean) for r in reads)
+  assert 70 <= cut <= 130, cut
+  gen = tasks.build_example("generation", img, 0, opts, rng)
+  np.testing.assert_array_equal(gen["patches"], tasks.generation_example(img, 0, 2, 4)["patches"])
+  # cutout_prob 0 turns it off (out-of-range config values: tests/test_bad_inputs.py).
+  off = tasks.TaskOptions(patch_size=2, patch_dim=4, cutout_size=2, cutout_prob=0.0)
+  assert all(np.array_equal(tasks.build_example("reasoning", img, 0, off, rng)["patches"],
+                            clean) for _ in range(20))
+
+
 # ------------------------------------------------------------------------- packing
 
 

@@ -157,6 +157,11 @@ def validate(data_config: Any, task_names: tuple[str, ...] | None = None) -> tas
   if not 0 <= rotate <= 45 or not 0 <= scale < 0.5:
     raise ValueError(f"config.data.rotate_degrees={rotate} / scale_jitter={scale} out of "
                      "range: use 0..45 degrees and 0..0.5")
+  cutout = data_config.get("cutout_size", 0)
+  cutout_prob = float(data_config.get("cutout_prob", 0.5))
+  if not isinstance(cutout, int) or not 0 <= cutout < size or not 0 <= cutout_prob <= 1:
+    raise ValueError(f"config.data.cutout_size={cutout!r} / cutout_prob={cutout_prob} out of "
+                     f"range: use an integer side 0..{size - 1} (0: off) and a probability 0..1")
   layout = str(data_config.get("video_layout", "clip"))  # older configs: one clip block
   if layout not in moving_digits.VIDEO_LAYOUTS:
     raise ValueError(f"config.data.video_layout={layout!r} must be one of "
@@ -171,6 +176,7 @@ def validate(data_config: Any, task_names: tuple[str, ...] | None = None) -> tas
                      "and weighs a frame only with video_layout='frames' (else use 1)")
   options = tasks.TaskOptions(patch_size=p, patch_dim=patch_dim, num_frames=num_frames,
                               canvas=size, rotate_degrees=rotate, scale_jitter=scale,
+                              cutout_size=cutout, cutout_prob=cutout_prob,
                               video_layout=layout, generation_start=start,
                               first_frame_weight=first_weight)
   if task_names is None:

@@ -103,6 +103,8 @@ class TaskOptions:
   canvas: int = moving_digits.CANVAS
   rotate_degrees: float = 0.0   # reading augmentation: random rotation up to ± this
   scale_jitter: float = 0.0     # ... and random zoom by a factor in 1 ± this
+  cutout_size: int = 0          # ... and a random square of this side erased (0: off)
+  cutout_prob: float = 0.5      # ... in this fraction of the reading images
   video_layout: str = "frames"  # generated frames: "frames" (one block a frame) | "clip"
   generation_start: str = "any"  # caption -> clip starts: "any" | "grid" (patch grid)
   first_frame_weight: float = 1.0  # caption -> clip, frame by frame: frame 0's loss weight
@@ -219,6 +221,8 @@ def build_example(name: str, image: np.ndarray, label: int, options: TaskOptions
     image = random_rotate_scale(image, options.rotate_degrees, options.scale_jitter, rng)
   if task.augment and shift_pixels > 0:
     image = random_shift(image, shift_pixels, rng)
+  if task.augment and options.cutout_size > 0 and rng.random() < options.cutout_prob:
+    image = random_cutout(image, options.cutout_size, rng)
   return task.build(image, int(label), options, variant)
 
 
@@ -262,6 +266,21 @@ def random_rotate_scale(image: np.ndarray, max_degrees: float, scale_jitter: flo
   out = ((1 - fy) * (1 - fx) * padded[y0, x0] + (1 - fy) * fx * padded[y0, x0 + 1]
          + fy * (1 - fx) * padded[y0 + 1, x0] + fy * fx * padded[y0 + 1, x0 + 1])
   return out.astype(np.float32)
+
+
+def random_cutout(image: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
+  """float [H, W] image with a size x size square set to BACKGROUND (cutout, DeVries &
+  Taylor 2017): its centre is uniform over the image, so near a border less is erased.
+
+  For the reading task's gap to unseen writers: an answer that survives a missing
+  stroke cannot rest on one pixel pattern of the training writers.
+  """
+  h, w = image.shape
+  cy, cx = int(rng.integers(h)), int(rng.integers(w))
+  top, left = cy - size // 2, cx - size // 2
+  out = np.array(image, np.float32, copy=True)
+  out[max(top, 0):max(top + size, 0), max(left, 0):max(left + size, 0)] = digits.BACKGROUND
+  return out
 
 
 def random_shift(image: np.ndarray, max_shift: int, rng: np.random.Generator) -> np.ndarray:
