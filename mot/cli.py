@@ -5,7 +5,9 @@ import contextlib
 import os
 import sys
 
-from mot.config import ConfigError
+# Nothing here imports JAX at module level: the entry points call
+# maybe_reexec_with_tcmalloc() right after importing this module, and a re-exec after
+# importing JAX would pay its ~2 s import twice.
 
 
 TCMALLOC_PATHS = (  # libtcmalloc-minimal4 (Debian/Ubuntu), gperftools (Fedora/Arch).
@@ -96,6 +98,7 @@ def run(main):
 
 
 def _expected_errors():
+  from mot.config import ConfigError
   from mot.checkpoint import CheckpointError
   from mot.pipeline import InputError
   from mot.train_lib import TrainingError

@@ -37,7 +37,11 @@ every `eval_every_steps` and at the end, on the in-memory EMA parameters.
 """
 from __future__ import annotations
 
-import functools
+if __name__ == "__main__":  # before the imports below: a re-exec would pay them twice
+  from mot import cli as _cli  # pylint: disable=g-import-not-at-top
+  _cli.maybe_reexec_with_tcmalloc()  # as train.py
+
+import functools  # pylint: disable=g-import-not-at-top,wrong-import-position
 import json
 import os
 import time
@@ -395,7 +399,5 @@ def _define_flags():
 
 
 if __name__ == "__main__":
-  from mot import cli as _cli  # pylint: disable=g-import-not-at-top
-  _cli.maybe_reexec_with_tcmalloc()  # as train.py
   _define_flags()
   _cli.run(main)

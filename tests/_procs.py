@@ -17,6 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Same program, cheaper compiles: the equality tests compare runs compiled alike, and
 # the backend's LLVM optimisations are most of a tiny model's compile time on 2 cores.
+# conftest.py sets them for the whole suite.
 FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 
 
@@ -25,8 +26,10 @@ def cpu_env(num_devices: int) -> dict[str, str]:
   imported; the pytest process itself keeps its single device)."""
   env = dict(os.environ)
   env["JAX_PLATFORMS"] = "cpu"
-  env["XLA_FLAGS"] = (f"{env.get('XLA_FLAGS', '')} {FAST_COMPILE_FLAGS} "
-                      f"--xla_force_host_platform_device_count={num_devices}").strip()
+  flags = env.get("XLA_FLAGS", "")   # conftest puts FAST_COMPILE_FLAGS there
+  if FAST_COMPILE_FLAGS not in flags:
+    flags = f"{flags} {FAST_COMPILE_FLAGS}"
+  env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={num_devices}".strip()
   env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
   return env
 

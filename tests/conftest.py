@@ -11,6 +11,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import tempfile  # noqa: E402
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="mot-jax-cache-"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+# The suite compiles hundreds of small programs and runs each a few times: XLA's LLVM
+# optimisations are most of its time on 2 cores and change no semantics (train.py and the
+# benchmarks keep them). Inherited by the subprocesses too.
+from tests._procs import FAST_COMPILE_FLAGS  # noqa: E402
+if FAST_COMPILE_FLAGS not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE_FLAGS}".strip()
 
 import pytest  # noqa: E402
 

@@ -55,8 +55,11 @@ def run_cli(*args):
 
 
 def test_cli_writes_eval_json(workdir):
-  proc = run_cli("--workdir", str(workdir), "--samples_per_digit", "1", "--steps", "2")
+  # One view per digit (--reason_shifts 0): the nine-view protocol is the test above's.
+  proc = run_cli("--workdir", str(workdir), "--samples_per_digit", "1", "--steps", "2",
+                 "--reason_shifts", "0")
   assert proc.returncode == 0, proc.stderr[-2000:]
   assert "reasoning accuracy" in proc.stdout
   record = json.loads(proc.stdout.strip().splitlines()[-1])
-  assert record["samples_per_digit"] == 1
+  assert record["samples_per_digit"] == 1 and record["sampling"]["reason_shifts"] == 0
+  assert record["reasoning_accuracy"] == record["reasoning_accuracy_single_view"]
