@@ -28,25 +28,19 @@ flags.DEFINE_integer("steps", 30, "Timed steps per variant (after warm-up).")
 flags.DEFINE_integer("warmup", 3, "Untimed steps per variant after compilation.")
 
 
-def _variant(config, experts: str, mesh, rules, batches):
-  """(jitted step, state) of `config` with `experts`."""
-  from mot import config as config_lib
+def _variant(config, experts: str, batches):
+  """(jitted step, state, rng) of `config` with `experts`, warmed up."""
   from mot import train_lib
-  from mot.model import MoT
   config = config.copy_and_resolve_references()
   with config.unlocked():
     config.model.experts = experts
-  model = MoT(config_lib.validate(config))
-  tx = train_lib.make_optimizer(config)
-  rng = jax.random.PRNGKey(config.seed)
-  state, shardings = train_lib.create_train_state(model, tx, mesh, rules, rng,
-                                                  config.data.seq_len)
-  step = train_lib.jit_train_step(model, tx, config, mesh, rules, shardings)
-  with jax.set_mesh(mesh):
+  t = train_lib.build_training(config)
+  state = t.state
+  with jax.set_mesh(t.mesh):
     for b in batches[:1] * max(FLAGS.warmup, 1):
-      state, _ = step(state, b, rng)
+      state, _ = t.p_train_step(state, b, t.step_rng)
   jax.block_until_ready(state)
-  return step, state, rng
+  return t.p_train_step, state, t.step_rng
 
 
 def main(argv):
@@ -54,13 +48,12 @@ def main(argv):
   from mot import sharding, train_lib
   config = FLAGS.config
   candidate = config.model.experts if config.model.experts != "shared" else "mode"
-  mesh = sharding.make_mesh(config)
-  rules = sharding.logical_rules(config)
+  mesh = sharding.make_mesh(config)   # the variants' meshes equal it (same devices, axes)
   it = iter(train_lib.process_train_dataset(config, mesh))
   batches = [sharding.global_batch(mesh, next(it), config.batch_size) for _ in range(8)]
   noised = float(np.mean([np.mean(np.asarray(b["dm_mask"]) > 0) for b in batches]))
 
-  variants = {name: list(_variant(config, name, mesh, rules, batches))
+  variants = {name: list(_variant(config, name, batches))
               for name in ("shared", candidate)}
   times = {name: [] for name in variants}
   with jax.set_mesh(mesh):

@@ -3,7 +3,7 @@
   python -m bench.profile_step --config configs/bench.py:peer
   python -m bench.profile_step --config configs/digits.py --steps 3 --top 15
 
-Builds the state and the jitted step exactly as train.py, runs `--warmup` steps (compiles),
+Builds the state and the jitted step as train.py does (`train_lib.build_training`), runs `--warmup` steps (compiles),
 traces `--steps` more with `jax.profiler`, then reads the trace back in this process
 (`jax.profiler.ProfileData`, no TensorBoard needed). XLA's worker threads (the lines whose
 name starts with "tf_XLA" and not "tf_XLAPjRt") run the compiled program's ops; their time
@@ -85,30 +85,23 @@ def profile_step() -> None:
   """Traces FLAGS.steps train steps and prints the op-kind table and the JSON line."""
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   from mot import config as config_lib, sharding, train_lib  # pylint: disable=g-import-not-at-top
-  from mot.model import MoT  # pylint: disable=g-import-not-at-top
   config = FLAGS.config
   if FLAGS.steps < 1 or FLAGS.warmup < 1:
     raise config_lib.ConfigError("--steps and --warmup must be at least 1")
-  model = MoT(config_lib.validate(config))
-  mesh, rules = sharding.make_mesh(config), sharding.logical_rules(config)
-  tx = train_lib.make_optimizer(config)
-  init_rng, step_rng = jax.random.split(jax.random.PRNGKey(config.seed))
-  step_rng = sharding.replicate(mesh, step_rng)
-  state, shardings = train_lib.create_train_state(model, tx, mesh, rules, init_rng,
-                                                  config.data.seq_len)
-  p_step = train_lib.jit_train_step(model, tx, config, mesh, rules, shardings)
-  data = iter(train_lib.process_train_dataset(config, mesh))
-  batches = [sharding.global_batch(mesh, next(data), config.batch_size)
+  t = train_lib.build_training(config)
+  data = iter(train_lib.process_train_dataset(config, t.mesh))
+  batches = [sharding.global_batch(t.mesh, next(data), config.batch_size)
              for _ in range(FLAGS.warmup + FLAGS.steps)]   # input work stays out of the trace
   trace_dir = FLAGS.trace_dir or tempfile.mkdtemp(prefix="mot_profile_")
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+  state = t.state
+  with jax.set_mesh(t.mesh), nn.logical_axis_rules(t.rules):
     for batch in batches[:FLAGS.warmup]:
-      state, _ = p_step(state, batch, step_rng)
+      state, _ = t.p_train_step(state, batch, t.step_rng)
     jax.block_until_ready(state)
     jax.profiler.start_trace(trace_dir)
     start = time.perf_counter()
     for batch in batches[FLAGS.warmup:]:
-      state, _ = p_step(state, batch, step_rng)
+      state, _ = t.p_train_step(state, batch, t.step_rng)
       jax.block_until_ready(state)
     wall_s = time.perf_counter() - start
     jax.profiler.stop_trace()

@@ -31,14 +31,10 @@ flags.DEFINE_integer("steps", 12, "Timed calls per version (after one warm-up ca
 def main(argv):
   del argv
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
-  from mot import config as config_lib, layers, sharding, train_lib  # pylint: disable=g-import-not-at-top
-  from mot.model import MoT  # pylint: disable=g-import-not-at-top
+  from mot import layers, sharding, train_lib  # pylint: disable=g-import-not-at-top
   config = FLAGS.config
-  model = MoT(config_lib.validate(config))
-  mesh, rules = sharding.make_mesh(config), sharding.logical_rules(config)
-  rng = jax.random.PRNGKey(config.seed)
-  state, _ = train_lib.create_train_state(model, train_lib.make_optimizer(config), mesh,
-                                          rules, rng, config.data.seq_len)
+  t = train_lib.build_training(config)
+  model, mesh, rules, state, rng = t.model, t.mesh, t.rules, t.state, t.step_rng
   batch = sharding.global_batch(
       mesh, next(iter(train_lib.process_train_dataset(config, mesh))), config.batch_size)
 

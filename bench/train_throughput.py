@@ -4,8 +4,8 @@
   python -m bench.train_throughput --config configs/bench.py:d512 --steps 30
   python -m bench.train_throughput --config configs/digits.py:tiny --steps 2 --warmup 1
 
-It runs what train.py runs (`mot.train_lib`: `create_train_state`, born sharded;
-`process_train_dataset`, the grain pipeline; `jit_train_step`, donated state), one loop
+It runs what train.py runs (`mot.train_lib`: `build_training`, the state born sharded and
+the jitted step donating it; `process_train_dataset`, the grain pipeline), one loop
 iteration per timed step: `next(data_iter)` (the input wait), the host-to-device batch,
 the jitted step, blocked until done. It prints the figures, then one JSON line:
 
@@ -155,31 +155,24 @@ def measure(config, steps: int = 30, warmup: int = 3, peak_size: int = 2048,
   import numpy as np
   from mot import config as config_lib
   from mot import sharding, train_lib
-  from mot.model import MoT
 
   if steps < 1 or warmup < 1:
     raise config_lib.ConfigError("--steps and --warmup must be at least 1")
   compiles = CompileLog()
   loadavg_start = os.getloadavg()
 
-  # ---- Mesh, model, state (born sharded), exactly as train_and_evaluate. ----
-  model_cfg = config_lib.validate(config)
-  mesh = sharding.make_mesh(config)
-  rules = sharding.logical_rules(config)
-  model = MoT(model_cfg)
-  tx = train_lib.make_optimizer(config)
-  init_rng, step_rng = jax.random.split(jax.random.PRNGKey(config.seed))
-  step_rng = sharding.replicate(mesh, step_rng)
-  state, state_shardings = train_lib.create_train_state(model, tx, mesh, rules, init_rng,
-                                                        config.data.seq_len)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    boxed = jax.eval_shape(train_lib.init_state_fn(model, tx, config.data.seq_len), init_rng)
+  # ---- Mesh, model, state (born sharded), jitted step: as train_and_evaluate. ----
+  t = train_lib.build_training(config)
+  mesh, state, step_rng, p_step = t.mesh, t.state, t.step_rng, t.p_train_step
+  with jax.set_mesh(mesh), nn.logical_axis_rules(t.rules):
+    boxed = jax.eval_shape(train_lib.init_state_fn(t.model, t.tx, config.data.seq_len),
+                           jax.random.PRNGKey(0))
   n_passed, n_embedding = active_params(boxed.params)
   n_total = sum(x.size for x in jax.tree.leaves(state.params))
+  del t   # the loop below donates (replaces) the state
 
-  # ---- Input and step. ----
+  # ---- Input. ----
   data_iter = iter(train_lib.process_train_dataset(config, mesh))
-  p_step = train_lib.jit_train_step(model, tx, config, mesh, rules, state_shardings)
 
   peak_dtype = str(config.model.dtype)
   peak_before = matmul_peak(peak_size, peak_reps, peak_dtype)
@@ -219,7 +212,7 @@ def measure(config, steps: int = 30, warmup: int = 3, peak_size: int = 2048,
       "argument": mb(xla.argument_size_in_bytes), "output": mb(xla.output_size_in_bytes),
       "alias": mb(xla.alias_size_in_bytes), "temp": mb(xla.temp_size_in_bytes)}
 
-  cfg = model_cfg
+  cfg = config_lib.validate(config)
   flops_per_token = (6 * n_passed
                      + 12 * cfg.num_layers * cfg.num_heads * cfg.head_dim * context)
   step_median = statistics.median(step_s)

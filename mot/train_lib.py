@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax
 import flax.linen as nn
@@ -254,6 +254,42 @@ def jit_train_step(model, tx, config, mesh, rules, state_shardings):
                  donate_argnums=0)
 
 
+class Training(NamedTuple):
+  """What a training loop runs, built as train.py builds it (`build_training`)."""
+  model: MoT
+  tx: optax.GradientTransformation
+  mesh: jax.sharding.Mesh
+  rules: tuple                 # logical axis rules (config.logical_axis_rules)
+  state: TrainState            # born sharded
+  state_shardings: Any         # the TrainState tree of NamedShardings
+  p_train_step: Any            # jitted train_step(state, batch, rng); donates state
+  step_rng: Array              # replicated over the mesh
+  eval_rng: Array
+
+
+def build_training(config, devices=None) -> Training:
+  """Mesh, rules, model, optimizer, sharded state and jitted step from one config: the
+  single place train_and_evaluate, the benchmarks and notebooks get them from, so what a
+  benchmark times is what train.py runs. `devices` defaults to all of them."""
+  model_cfg = config_lib.validate(config)
+  mesh = sharding.make_mesh(config, devices)
+  rules = sharding.logical_rules(config)
+  if config.batch_size % sharding.batch_divisor(mesh):
+    raise config_lib.ConfigError(
+        f"config.batch_size={config.batch_size} is not divisible by the "
+        f"{sharding.batch_divisor(mesh)} data-parallel devices of config.mesh_shape")
+  model, tx = MoT(model_cfg), make_optimizer(config)
+  init_rng, step_rng, eval_rng = jax.random.split(jax.random.PRNGKey(config.seed), 3)
+  state, state_shardings = create_train_state(model, tx, mesh, rules, init_rng,
+                                              config.data.seq_len)
+  return Training(model=model, tx=tx, mesh=mesh, rules=rules, state=state,
+                  state_shardings=state_shardings,
+                  p_train_step=jit_train_step(model, tx, config, mesh, rules,
+                                              state_shardings),
+                  step_rng=sharding.replicate(mesh, step_rng),  # checkpointed by every host
+                  eval_rng=eval_rng)
+
+
 # ----------------------------------------------------------------------------------------
 # Held-out data.
 # ----------------------------------------------------------------------------------------
@@ -412,26 +448,17 @@ def check_resumable(workdir: str, step: int, config) -> None:
 def train_and_evaluate(config, workdir: str) -> TrainState:
   """Trains `config` in `workdir`, resuming from its newest checkpoint; returns the state."""
   run_start = time.perf_counter()
-  model_cfg = config_lib.validate(config)
+  config_lib.validate(config)   # bad values fail before anything is built or written
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise config_lib.ConfigError(f"--workdir {workdir} is a file: pass a directory")
 
-  # ---- Mesh and sharding rules. ----
-  mesh = sharding.make_mesh(config)
-  rules = sharding.logical_rules(config)
-  if config.batch_size % sharding.batch_divisor(mesh):
-    raise config_lib.ConfigError(
-        f"config.batch_size={config.batch_size} is not divisible by the "
-        f"{sharding.batch_divisor(mesh)} data-parallel devices of config.mesh_shape")
+  # ---- Mesh, rules, model, optimizer, state (born sharded), jitted step. ----
+  training = build_training(config)
+  model, mesh, rules, p_train_step = (training.model, training.mesh, training.rules,
+                                      training.p_train_step)
+  state, step_rng, eval_rng = training.state, training.step_rng, training.eval_rng
+  del training   # a restored state replaces this one: hold no second copy
   os.makedirs(workdir, exist_ok=True)
-
-  # ---- Model, optimizer, state (born sharded). ----
-  model = MoT(model_cfg)
-  tx = make_optimizer(config)
-  init_rng, step_rng, eval_rng = jax.random.split(jax.random.PRNGKey(config.seed), 3)
-  step_rng = sharding.replicate(mesh, step_rng)  # global: checkpointed from every host
-  state, state_shardings = create_train_state(model, tx, mesh, rules, init_rng,
-                                              config.data.seq_len)
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
   logging.info("Model: %.2fM parameters", num_params / 1e6)
 
@@ -450,8 +477,7 @@ def train_and_evaluate(config, workdir: str) -> TrainState:
         restored["log"]["history"]
     logging.info("Resumed from step %d", int(state.step))
 
-  # ---- Update step. ----
-  p_train_step = jit_train_step(model, tx, config, mesh, rules, state_shardings)
+  # ---- Held-out step. ----
   p_eval_step = jax.jit(functools.partial(eval_step, model=model, config=config))
   start_step = int(state.step)
   log = MetricsLog(workdir, start_step)

@@ -98,17 +98,11 @@ def boxed_state():
 
 def run(mesh_shape: str, devices, batches):
   c = equality_config(mesh_shape)
-  model_cfg = config_lib.validate(c)
-  mesh = sharding.make_mesh(c, devices)
-  rules = sharding.logical_rules(c)
-  model, tx = MoT(model_cfg), train_lib.make_optimizer(c)
-  init_rng, step_rng = jax.random.split(jax.random.PRNGKey(c.seed))
-  step_rng = sharding.replicate(mesh, step_rng)
-  state, shardings = train_lib.create_train_state(model, tx, mesh, rules, init_rng,
-                                                  c.data.seq_len)
+  t = train_lib.build_training(c, devices)     # as train.py builds it
+  mesh, rules, state, step_rng, step = t.mesh, t.rules, t.state, t.step_rng, t.p_train_step
+  del t
   boxed = boxed_state()
   born_bad, named = sharding_mismatches(boxed, state, mesh, rules)
-  step = train_lib.jit_train_step(model, tx, c, mesh, rules, shardings)
   losses, donated = [], True
   with jax.set_mesh(mesh):
     batches = [sharding.global_batch(mesh, b, c.batch_size) for b in batches]
