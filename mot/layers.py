@@ -223,6 +223,7 @@ class TimestepEmbedding(nn.Module):
                  kernel_init=dense_init(cfg.time_embed_dim, ("time", "embed")),
                  bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
                  name="fc1")(feats)
+    x = constrain(x, ("activation_batch", "activation_length", "activation_embed"))
     return nn.Dense(cfg.d_model, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
                     kernel_init=dense_init(cfg.d_model, ("embed_in", "embed")),
                     bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),

@@ -128,6 +128,12 @@ class InputEmbedding(nn.Module):
                        nn.with_logical_partitioning(nn.initializers.normal(1.0),
                                                     ("vocab", "embed")),
                        (cfg.vocab_size, cfg.d_model), cfg.params_dtype)
+    # Looked up whole. A table split over vocab (tensor) or embed (fsdp) while the token
+    # ids are split over the batch has no efficient SPMD gather: XLA replicated the
+    # gather's result and its gradient instead ("Involuntary full rematerialization").
+    # Gathering the table first is what FSDP does for every weight; its gradient is
+    # reduce-scattered back to the sharded parameter.
+    table = nn.with_logical_constraint(table, (None, None))
     text = jnp.take(table, inputs.tokens, axis=0).astype(cfg.compute_dtype)
     proj = self.param("patch_projection",
                       layers.dense_init(cfg.patch_dim, ("modality", "patch", "embed")),
@@ -202,7 +208,10 @@ class MoT(nn.Module):
 
   def trunk(self, inputs: ModelInputs, cache=None, cache_index=None, cache_ids=None):
     """Backbone output [B, L, d], timestep embedding [B, L, d], new cache."""
-    t_emb = self.time_embedding(inputs.timesteps)
+    # Constrained like the residual stream: it meets it in the embedding and in the DM
+    # head, and left free its gradient took the weights' (embed-split) layout, which
+    # XLA could only reach by replicating it.
+    t_emb = layers.constrain(self.time_embedding(inputs.timesteps), ACTIVATION)
     x = self.embed(inputs, t_emb)
     key_ids = inputs.mask_ids if cache is None else cache_ids
     mask = masks.attention_mask(inputs.mask_ids, key_ids)
