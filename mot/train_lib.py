@@ -254,6 +254,22 @@ def jit_train_step(model, tx, config, mesh, rules, state_shardings):
                  donate_argnums=0)
 
 
+def jit_eval_step(model, config, mesh, rules, param_shardings):
+  """eval_step jitted like the train step: under the logical rules (so the activation
+  constraints reach the program), parameters kept where they live, metrics replicated."""
+  step = functools.partial(eval_step, model=model, config=config)
+
+  def with_rules(params, batch, rng):
+    with nn.logical_axis_rules(rules):
+      return step(params, batch, rng)
+
+  batch_shardings = {k: sharding.batch_sharding(mesh, v.ndim)
+                     for k, v in dummy_batch(model.cfg, 1).items()}
+  return jax.jit(with_rules, in_shardings=(param_shardings, batch_shardings,
+                                           sharding.replicated(mesh)),
+                 out_shardings=sharding.replicated(mesh))
+
+
 class Training(NamedTuple):
   """What a training loop runs, built as train.py builds it (`build_training`)."""
   model: MoT
@@ -263,12 +279,13 @@ class Training(NamedTuple):
   state: TrainState            # born sharded
   state_shardings: Any         # the TrainState tree of NamedShardings
   p_train_step: Any            # jitted train_step(state, batch, rng); donates state
+  p_eval_step: Any             # jitted eval_step(params, batch, rng) -> metrics
   step_rng: Array              # replicated over the mesh
-  eval_rng: Array
+  eval_rng: Array              # replicated over the mesh
 
 
 def build_training(config, devices=None) -> Training:
-  """Mesh, rules, model, optimizer, sharded state and jitted step from one config: the
+  """Mesh, rules, model, optimizer, sharded state and jitted steps from one config: the
   single place train_and_evaluate, the benchmarks and notebooks get them from, so what a
   benchmark times is what train.py runs. `devices` defaults to all of them."""
   model_cfg = config_lib.validate(config)
@@ -286,8 +303,10 @@ def build_training(config, devices=None) -> Training:
                   state_shardings=state_shardings,
                   p_train_step=jit_train_step(model, tx, config, mesh, rules,
                                               state_shardings),
+                  p_eval_step=jit_eval_step(model, config, mesh, rules,
+                                            state_shardings.ema_params),
                   step_rng=sharding.replicate(mesh, step_rng),  # checkpointed by every host
-                  eval_rng=eval_rng)
+                  eval_rng=sharding.replicate(mesh, eval_rng))
 
 
 # ----------------------------------------------------------------------------------------
@@ -454,8 +473,7 @@ def train_and_evaluate(config, workdir: str) -> TrainState:
 
   # ---- Mesh, rules, model, optimizer, state (born sharded), jitted step. ----
   training = build_training(config)
-  model, mesh, rules, p_train_step = (training.model, training.mesh, training.rules,
-                                      training.p_train_step)
+  mesh, p_train_step, p_eval_step = training.mesh, training.p_train_step, training.p_eval_step
   state, step_rng, eval_rng = training.state, training.step_rng, training.eval_rng
   del training   # a restored state replaces this one: hold no second copy
   os.makedirs(workdir, exist_ok=True)
@@ -477,8 +495,6 @@ def train_and_evaluate(config, workdir: str) -> TrainState:
         restored["log"]["history"]
     logging.info("Resumed from step %d", int(state.step))
 
-  # ---- Held-out step. ----
-  p_eval_step = jax.jit(functools.partial(eval_step, model=model, config=config))
   start_step = int(state.step)
   log = MetricsLog(workdir, start_step)
 

@@ -100,6 +100,7 @@ def run(mesh_shape: str, devices, batches):
   c = equality_config(mesh_shape)
   t = train_lib.build_training(c, devices)     # as train.py builds it
   mesh, rules, state, step_rng, step = t.mesh, t.rules, t.state, t.step_rng, t.p_train_step
+  eval_step, eval_rng = t.p_eval_step, t.eval_rng
   del t
   boxed = boxed_state()
   born_bad, named = sharding_mismatches(boxed, state, mesh, rules)
@@ -115,13 +116,17 @@ def run(mesh_shape: str, devices, batches):
       state, metrics = step(state, batch, step_rng)
       donated &= old.is_deleted()
       losses.append(float(metrics["loss"]))
+    eval_lowered = eval_step.lower(state.ema_params, batches[0], eval_rng)
+    eval_constraints = eval_lowered.as_text().count("sharding_constraint")
+    eval_loss = float(eval_lowered.compile()(state.ema_params, batches[0], eval_rng)["loss"])
   after_bad, _ = sharding_mismatches(boxed, state, mesh, rules)
   adam = state.opt_state[1][0]
   return {"losses": losses, "params": jax.device_get(state.params),
           "mu": jax.device_get(adam.mu), "nu": jax.device_get(adam.nu),
           "sharding_errors": born_bad + [f"after steps: {e}" for e in after_bad],
           "named_leaves": named, "donated": bool(donated),
-          "activation_constraints": constraints}
+          "activation_constraints": constraints, "eval_loss": eval_loss,
+          "eval_activation_constraints": eval_constraints}
 
 
 def max_rel_diff(a, b):
@@ -138,7 +143,8 @@ def main(mesh_shapes):
   it = iter(pipeline.make_train_dataset(c.data, c.seed, c.batch_size))
   batches = [next(it) for _ in range(NUM_STEPS)]
   ref = run("(1,1,1)", devices[:1], batches)
-  report = {"reference_losses": ref["losses"], "meshes": {}}
+  report = {"reference_losses": ref["losses"], "reference_eval_loss": ref["eval_loss"],
+            "meshes": {}}
   for shape in mesh_shapes:
     t = time.perf_counter()
     out = run(shape, devices, batches)
@@ -150,6 +156,8 @@ def main(mesh_shapes):
         "nu_max_rel_diff": max_rel_diff(out["nu"], ref["nu"]),
         "sharding_errors": out["sharding_errors"], "named_leaves": out["named_leaves"],
         "donated": out["donated"], "activation_constraints": out["activation_constraints"],
+        "eval_loss": out["eval_loss"],
+        "eval_activation_constraints": out["eval_activation_constraints"],
         "seconds": round(time.perf_counter() - t, 1)}
   report["seconds"] = round(time.perf_counter() - t0, 1)
   print("RESULT " + json.dumps(report))

@@ -134,3 +134,7 @@ def test_sharded_training_equals_one_device(tmp_path):
     assert r["donated"], f"mesh {mesh}: the train step did not donate the old state"
     assert r["activation_constraints"] > 0, f"mesh {mesh}: no activation constraint " \
         "reached the program (a `with mesh:` instead of jax.set_mesh drops them)"
+    # The held-out step too: jitted under the rules, it gives the single-device loss.
+    np.testing.assert_allclose(r["eval_loss"], report["reference_eval_loss"], rtol=1e-5,
+                               err_msg=f"mesh {mesh} held-out loss")
+    assert r["eval_activation_constraints"] > 0, f"mesh {mesh}: eval_step without rules"
