@@ -239,35 +239,34 @@ def weighted_eval_means(results: list[dict]) -> dict[str, float]:
   return out
 
 
-def jit_train_step(model, tx, config, mesh, rules, state_shardings):
-  step = functools.partial(train_step, model=model, tx=tx, config=config)
-
-  def with_rules(state, batch, rng):
+def _jit_under_rules(step, model, mesh, rules, first_shardings, out_shardings, **jit_kw):
+  """jit of step(first, batch, rng) under the logical rules (so the activation constraints
+  reach the program), with `first`'s shardings, the batch split over the data axes and a
+  replicated rng."""
+  def with_rules(first, batch, rng):
     with nn.logical_axis_rules(rules):
-      return step(state, batch, rng)
+      return step(first, batch, rng)
 
   batch_shardings = {k: sharding.batch_sharding(mesh, v.ndim)
                      for k, v in dummy_batch(model.cfg, 1).items()}
-  return jax.jit(with_rules, in_shardings=(state_shardings, batch_shardings,
+  return jax.jit(with_rules, in_shardings=(first_shardings, batch_shardings,
                                            sharding.replicated(mesh)),
-                 out_shardings=(state_shardings, sharding.replicated(mesh)),
-                 donate_argnums=0)
+                 out_shardings=out_shardings, **jit_kw)
+
+
+def jit_train_step(model, tx, config, mesh, rules, state_shardings):
+  """train_step(state, batch, rng) -> (state, metrics), the state donated."""
+  step = functools.partial(train_step, model=model, tx=tx, config=config)
+  return _jit_under_rules(step, model, mesh, rules, state_shardings,
+                          (state_shardings, sharding.replicated(mesh)), donate_argnums=0)
 
 
 def jit_eval_step(model, config, mesh, rules, param_shardings):
-  """eval_step jitted like the train step: under the logical rules (so the activation
-  constraints reach the program), parameters kept where they live, metrics replicated."""
+  """eval_step(params, batch, rng) -> metrics, jitted like the train step: the parameters
+  kept where they live, the metrics replicated."""
   step = functools.partial(eval_step, model=model, config=config)
-
-  def with_rules(params, batch, rng):
-    with nn.logical_axis_rules(rules):
-      return step(params, batch, rng)
-
-  batch_shardings = {k: sharding.batch_sharding(mesh, v.ndim)
-                     for k, v in dummy_batch(model.cfg, 1).items()}
-  return jax.jit(with_rules, in_shardings=(param_shardings, batch_shardings,
-                                           sharding.replicated(mesh)),
-                 out_shardings=sharding.replicated(mesh))
+  return _jit_under_rules(step, model, mesh, rules, param_shardings,
+                          sharding.replicated(mesh))
 
 
 class Training(NamedTuple):
