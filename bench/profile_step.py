@@ -3,8 +3,9 @@
   python -m bench.profile_step --config configs/bench.py:peer
   python -m bench.profile_step --config configs/digits.py --steps 3 --top 15
 
-Builds the state and the jitted step as train.py does (`train_lib.build_training`), runs `--warmup` steps (compiles),
-traces `--steps` more with `jax.profiler`, then reads the trace back in this process
+Builds the state and the jitted step as train.py does (`train_lib.build_training`), runs
+`--warmup` steps (compiles), traces `--steps` more with `jax.profiler`, then reads the
+trace back in this process
 (`jax.profiler.ProfileData`, no TensorBoard needed). XLA's worker threads (the lines whose
 name starts with "tf_XLA" and not "tf_XLAPjRt") run the compiled program's ops; their time
 per step is summed by op kind: the op's name without its numeric suffix

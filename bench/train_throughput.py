@@ -169,6 +169,7 @@ def measure(config, steps: int = 30, warmup: int = 3, peak_size: int = 2048,
                            jax.random.PRNGKey(0))
   n_passed, n_embedding = active_params(boxed.params)
   n_total = sum(x.size for x in jax.tree.leaves(state.params))
+  cfg = t.model.cfg
   del t   # the loop below donates (replaces) the state
 
   # ---- Input. ----
@@ -212,7 +213,6 @@ def measure(config, steps: int = 30, warmup: int = 3, peak_size: int = 2048,
       "argument": mb(xla.argument_size_in_bytes), "output": mb(xla.output_size_in_bytes),
       "alias": mb(xla.alias_size_in_bytes), "temp": mb(xla.temp_size_in_bytes)}
 
-  cfg = config_lib.validate(config)
   flops_per_token = (6 * n_passed
                      + 12 * cfg.num_layers * cfg.num_heads * cfg.head_dim * context)
   step_median = statistics.median(step_s)

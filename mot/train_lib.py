@@ -285,8 +285,8 @@ class Training(NamedTuple):
 
 def build_training(config, devices=None) -> Training:
   """Mesh, rules, model, optimizer, sharded state and jitted steps from one config: the
-  single place train_and_evaluate, the benchmarks and notebooks get them from, so what a
-  benchmark times is what train.py runs. `devices` defaults to all of them."""
+  one place train_and_evaluate, the benchmarks and your own loops get them from, so what
+  a benchmark times is what train.py runs. `devices` defaults to all of them."""
   model_cfg = config_lib.validate(config)
   mesh = sharding.make_mesh(config, devices)
   rules = sharding.logical_rules(config)
