@@ -21,15 +21,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 
 
+def with_fast_compile(xla_flags: str) -> str:
+  """`xla_flags` with FAST_COMPILE_FLAGS appended, unless they are already there."""
+  if FAST_COMPILE_FLAGS in xla_flags:
+    return xla_flags
+  return f"{xla_flags} {FAST_COMPILE_FLAGS}".strip()
+
+
 def cpu_env(num_devices: int) -> dict[str, str]:
   """Environment for a child that sees `num_devices` fake CPU devices (set before JAX is
   imported; the pytest process itself keeps its single device)."""
   env = dict(os.environ)
   env["JAX_PLATFORMS"] = "cpu"
-  flags = env.get("XLA_FLAGS", "")   # conftest puts FAST_COMPILE_FLAGS there
-  if FAST_COMPILE_FLAGS not in flags:
-    flags = f"{flags} {FAST_COMPILE_FLAGS}"
-  env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={num_devices}".strip()
+  env["XLA_FLAGS"] = (f"{with_fast_compile(env.get('XLA_FLAGS', ''))} "
+                      f"--xla_force_host_platform_device_count={num_devices}")
   env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
   return env
 

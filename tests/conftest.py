@@ -14,9 +14,8 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # The suite compiles hundreds of small programs and runs each a few times: XLA's LLVM
 # optimisations are most of its time on 2 cores and change no semantics (train.py and the
 # benchmarks keep them). Inherited by the subprocesses too.
-from tests._procs import FAST_COMPILE_FLAGS  # noqa: E402
-if FAST_COMPILE_FLAGS not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE_FLAGS}".strip()
+from tests._procs import with_fast_compile  # noqa: E402
+os.environ["XLA_FLAGS"] = with_fast_compile(os.environ.get("XLA_FLAGS", ""))
 
 import pytest  # noqa: E402
 

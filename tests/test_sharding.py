@@ -119,8 +119,9 @@ def test_sharded_training_equals_one_device(tmp_path):
   report = json.loads(line[len("RESULT "):])
   # XLA says so when a sharding can only be reached by gathering a whole array on every
   # device (it did for the embedding lookup and the timestep embedding's gradient).
-  assert "Involuntary full rematerialization" not in _procs.tail(log, 10**7), \
-      f"XLA replicated an array to reshard it:\n{_procs.tail(log)}"
+  forced = [l for l in _procs.tail(log, 10**7).splitlines()
+            if "Involuntary full rematerialization" in l]
+  assert not forced, "XLA replicated an array to reshard it:\n" + "\n".join(forced[:3])
   ref = report["reference_losses"]
   assert len(ref) == 3 and all(np.isfinite(ref)), ref
   for mesh in MESHES:
