@@ -184,8 +184,9 @@ def save_gif(path: str, frames01: np.ndarray, scale: int = GIF_SCALE,
              duration_ms: int = GIF_FRAME_MS) -> None:
   """Writes float [T, H, W] in [0, 1] as a looping grayscale GIF, upscaled by `scale`.
 
-  Pillow merges consecutive identical frames into one longer frame; `load_clip` then
-  reads fewer frames back.
+  Pillow merges consecutive identical frames into one frame shown that much longer (a
+  digit that stays still); `load_clip` counts such a frame once per `duration_ms`, so
+  the clip reads back with all T frames.
   """
   from PIL import Image  # pylint: disable=g-import-not-at-top
   pixels = np.round(np.clip(frames01, 0, 1) * 255).astype(np.uint8)
@@ -207,12 +208,31 @@ def load_clip(source: str, size: int | None) -> np.ndarray:
   try:
     with Image.open(name) as opened:
       frames = [f.convert("RGBA").copy() for f in ImageSequence.Iterator(opened)]
+      durations = [f.info.get("duration") for f in ImageSequence.Iterator(opened)]
   except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
     raise InputError(f"{name} is not an image Pillow can read ({type(e).__name__})"
                      ) from None
   if size is None:
     size = frames[0].height
-  return np.stack([load_image(f, size) for f in frames])
+  clip = np.stack([load_image(f, size) for f in frames])
+  return np.repeat(clip, frame_repeats(durations), axis=0)
+
+
+def frame_repeats(durations: list) -> list[int]:
+  """How many time steps each GIF frame stands for, from the frames' durations (ms).
+
+  GIF writers (Pillow among them, see `save_gif`) store a run of identical frames as one
+  frame shown k times as long. When every duration is a whole multiple of the shortest,
+  a frame k times the shortest counts k times; otherwise (hand-timed GIFs, missing
+  durations) every frame counts once.
+  """
+  if not durations or any(not isinstance(d, (int, float)) or d <= 0 for d in durations):
+    return [1] * len(durations)
+  shortest = min(durations)
+  repeats = [d / shortest for d in durations]
+  if any(abs(r - round(r)) > 1e-6 for r in repeats):
+    return [1] * len(durations)
+  return [int(round(r)) for r in repeats]
 
 
 def grid(images: np.ndarray, rows: int, gap: int = 1, scale: int = 8) -> np.ndarray:

@@ -470,6 +470,17 @@ def test_sample_generate_writes_gifs_and_reason_reads_them(video_workdir, tmp_pa
   for i, f in enumerate(clip):
     Image.fromarray(np.uint8(f * 255), "L").save(frames / f"{i:02d}.png")
   np.testing.assert_allclose(pipeline.load_clip(str(frames), 16), clip, atol=1 / 255)
+  # A digit that stays still: Pillow stores frames 1-3 as one frame shown 3x as long,
+  # and the clip still reads back with its 5 frames.
+  still = np.concatenate([clip[:1], clip[1:2], clip[1:2], clip[1:2], clip[2:3]])
+  pipeline.save_gif(str(tmp_path / "still.gif"), still)
+  with Image.open(tmp_path / "still.gif") as gif:
+    assert gif.n_frames == 3
+  np.testing.assert_allclose(pipeline.load_clip(str(tmp_path / "still.gif"), 16), still,
+                             atol=1 / 255)
+  assert pipeline.frame_repeats([100, 200, 100]) == [1, 2, 1]
+  assert pipeline.frame_repeats([100, 150]) == [1, 1]      # hand-timed: each frame once
+  assert pipeline.frame_repeats([None, 100]) == [1, 1]     # no durations: each once
   stdout = io.StringIO()
   pipeline.run_sample(video_workdir, "reason", images=[str(out / "clip_0000.gif"),
                                                        str(frames)], stdout=stdout)
