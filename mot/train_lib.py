@@ -212,7 +212,8 @@ def train_step(state: TrainState, batch: dict, rng: Array, *, model: MoT, tx, co
   nonfinite_run = jnp.where(finite, 0, state.nonfinite_run + 1)
   new_state = new_state.replace(step=state.step + 1, nonfinite_run=nonfinite_run)
   metrics = dict(metrics, grad_norm=grad_norm, nonfinite_run=nonfinite_run,
-                 learning_rate=learning_rate_schedule(config)(state.step))
+                 learning_rate=learning_rate_schedule(config)(state.step),
+                 real_tokens=jnp.sum(batch["segment_ids"] > 0))  # global: every host's rows
   return new_state, metrics
 
 
@@ -355,7 +356,7 @@ def process_train_dataset(config, mesh):
 
 def global_tokens(local: dict[str, np.ndarray], batch_size: int) -> int:
   """Real tokens in the global batch, estimated from this process's rows (exact with one
-  process; an exact multi-host count would need a cross-host sum every step)."""
+  process, as in the benchmarks; the training loop counts them inside the step instead)."""
   rows = local["segment_ids"].shape[0]
   return int(np.sum(local["segment_ids"] > 0)) * batch_size // rows
 
@@ -417,6 +418,21 @@ def _mean_metrics(history: list[dict]) -> dict[str, float]:
 LOGGED = ("loss", "ar_loss", "dm_loss", "learning_rate", "grad_norm")
 
 
+def _interval_tokens(history: list[dict], timed: list, timed_s: float, whole_s: float
+                     ) -> dict[str, float]:
+  """real_tokens: the global batch's real tokens over the steps since the last log (all
+  hosts, counted in the step); tokens_per_s: over the timed steps, which leave out the
+  compile step unless it is the interval's only step (then it is timed, compile and all).
+  A history restored from a checkpoint older than the count gives tokens_per_s only."""
+  history = jax.device_get(history)
+  if not timed:
+    timed, timed_s = [history[-1]["real_tokens"]], whole_s   # the compile step
+  out = {"tokens_per_s": float(np.sum(jax.device_get(timed))) / max(timed_s, 1e-9)}
+  if all("real_tokens" in h for h in history):
+    out["real_tokens"] = int(sum(int(h["real_tokens"]) for h in history))
+  return out
+
+
 class StopRequest:
   """SIGTERM / SIGINT set a flag; the loop saves a checkpoint and returns at the next step."""
 
@@ -456,6 +472,7 @@ def check_resumable(workdir: str, step: int, config) -> None:
                   and not added_at_default(k)
                   and k not in ("task_weights", "shift_pixels", "rotate_degrees",
                                 "scale_jitter", "cutout_size", "cutout_prob",
+                                "elastic_alpha", "elastic_sigma", "elastic_prob",
                                 "num_threads", "prefetch", "workers"))
     if diff:
       raise ckpt_lib.CheckpointError(
@@ -507,20 +524,23 @@ def train_and_evaluate(config, workdir: str) -> TrainState:
   bar = tqdm(total=config.num_train_steps, initial=start_step, desc="train",
              disable=jax.process_index() != 0 or not config.progress_bar, dynamic_ncols=True,
              mininterval=0.1 if sys.stderr.isatty() else 30.0)
-  interval_start, interval_tokens = time.perf_counter(), 0
+  # Real (non-padding) tokens of the interval's steps, counted inside the step over the
+  # global batch (exact with any number of hosts); summed when the interval is logged.
+  interval_start, interval_tokens = time.perf_counter(), []
+  log_start = interval_start    # the compile step's interval, timed whole if alone
   previous_metrics = None
   try:
     with jax.set_mesh(mesh), StopRequest() as stop:
       for step in range(start_step + 1, config.num_train_steps + 1):
         local = next(data_iter)
-        interval_tokens += global_tokens(local, config.batch_size)
         state, metrics = p_train_step(
             state, sharding.global_batch(mesh, local, config.batch_size), step_rng)
         history.append(metrics)
+        interval_tokens.append(metrics["real_tokens"])
         if step == start_step + 1:
           jax.block_until_ready(state)
           logging.info("First step (compile + run): %.1fs", time.perf_counter() - interval_start)
-          interval_start, interval_tokens = time.perf_counter(), 0
+          interval_start, interval_tokens = time.perf_counter(), []
         # Read the previous step's counter (already computed: no stall of the pipeline).
         if previous_metrics is not None:
           check_nonfinite(previous_metrics, config, step - 1)
@@ -529,11 +549,13 @@ def train_and_evaluate(config, workdir: str) -> TrainState:
           summary = _mean_metrics(history)
           elapsed = time.perf_counter() - interval_start
           record = {"step": step, **{k: summary[k] for k in LOGGED},
-                    "tokens_per_s": interval_tokens / max(elapsed, 1e-9)}
+                    **_interval_tokens(history, interval_tokens, elapsed,
+                                       time.perf_counter() - log_start)}
           log.write(record)
           bar.set_postfix(loss=f"{record['loss']:.3f}", ar=f"{record['ar_loss']:.3f}",
                           dm=f"{record['dm_loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
-          history, interval_start, interval_tokens = [], time.perf_counter(), 0
+          history, interval_start, interval_tokens = [], time.perf_counter(), []
+          log_start = interval_start
         bar.update(1)
         if step % config.eval_every_steps == 0 or step == config.num_train_steps:
           evaluate_heldout(config, state, p_eval_step, eval_rng, mesh, log, step)

@@ -39,7 +39,8 @@ def launch_two(workdir, tmp_path, tag, extra=()):
 def assert_same_metrics(got, want, what):
   assert [r["step"] for r in got] == [r["step"] for r in want], (what, got, want)
   for g, w in zip(got, want):
-    for key in ("loss", "ar_loss", "dm_loss", "grad_norm", "eval_ar_loss", "eval_dm_loss"):
+    for key in ("loss", "ar_loss", "dm_loss", "grad_norm", "eval_ar_loss", "eval_dm_loss",
+                "real_tokens"):  # every host's rows, counted in the step (not estimated)
       if key in w:
         np.testing.assert_allclose(g[key], w[key], rtol=1e-5,
                                    err_msg=f"{what}: step {w['step']} {key}")

@@ -23,7 +23,13 @@ def test_one_step(tiny_config, tmp_path):
   records = read_metrics(tmp_path)
   train = [r for r in records if "loss" in r]
   assert train and set(train[0]) >= {"step", "loss", "ar_loss", "dm_loss", "learning_rate",
-                                     "tokens_per_s"}
+                                     "tokens_per_s", "real_tokens"}
+  # The lone (compile) step is timed whole, and its real tokens are the batch's.
+  from mot.data import pipeline  # pylint: disable=g-import-not-at-top
+  first = next(iter(pipeline.make_train_dataset(tiny_config.data, tiny_config.seed,
+                                                tiny_config.batch_size)))
+  assert train[0]["real_tokens"] == int((first["segment_ids"] > 0).sum()) > 0
+  assert train[0]["tokens_per_s"] > 0
   assert all(np.isfinite(train[0][k]) for k in ("loss", "ar_loss", "dm_loss"))
   assert any("eval_ar_loss" in r for r in records)
   assert os.path.isdir(os.path.join(tmp_path, "checkpoints", "1"))
