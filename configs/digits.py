@@ -96,6 +96,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.data.cutout_size = 0             # ... a random square of this many pixels a side
                                      # erased to background (0: off)
   c.data.cutout_prob = 0.5           # ... in this fraction of the reading images
+  c.data.elastic_alpha = 0.0         # ... elastic distortion, RMS displacement in pixels (0: off)
+  c.data.elastic_sigma = 1.5         # ... its smoothness: Gaussian blur of the field, pixels
+  c.data.elastic_prob = 0.5          # ... in this fraction of the reading images
   c.data.task_weights = ml_collections.ConfigDict(  # task mix (interleaved: think, then draw)
       {"generation": 0.35, "reasoning": 0.45, "text": 0.1, "interleaved": 0.1})
 

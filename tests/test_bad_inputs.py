@@ -46,6 +46,7 @@ def train_cases(workdir, a_file):
       "zero time shift": [*TINY, *w, "--config.sample.shift=0.0"],
       "reading shifts out of range": [*TINY, *w, "--config.sample.reason_shifts=3"],
       "cutout as large as the image": [*TINY, *w, "--config.data.cutout_size=8"],
+      "elastic distortion too strong": [*TINY, *w, "--config.data.elastic_alpha=3.0"],
       "unknown video layout": ["--config", "configs/moving_digits.py:tiny", *w,
                                "--config.data.video_layout=joint"],
       "unknown generation start": ["--config", "configs/moving_digits.py:tiny", *w,

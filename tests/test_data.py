@@ -237,6 +237,41 @@ def test_random_rotate_scale():
   np.testing.assert_array_equal(gen["patches"], tasks.generation_example(img, 0, 2, 4)["patches"])
 
 
+def test_random_elastic_bends_reading_images_smoothly_by_alpha_pixels():
+  # The field: RMS displacement alpha, smooth (neighbours move together), seeded.
+  rng = np.random.default_rng(0)
+  field = tasks.elastic_field(8, 8, 0.5, 1.5, rng)
+  assert field.shape == (2, 8, 8)
+  np.testing.assert_allclose(np.sqrt(np.mean(field ** 2)), 0.5, rtol=1e-9)
+  rough = np.random.default_rng(0).uniform(-1, 1, (2, 8, 8))
+  rough *= 0.5 / np.sqrt(np.mean(rough ** 2))
+  step = lambda f: np.abs(np.diff(f, axis=-1)).mean()
+  assert step(field) < 0.5 * step(rough)
+  np.testing.assert_array_equal(field, tasks.elastic_field(8, 8, 0.5, 1.5,
+                                                           np.random.default_rng(0)))
+  # The image: alpha 0 is the identity, a flat image stays flat away from the border,
+  # values stay in range, and larger alpha moves more.
+  _, _, x, _ = digits.load_digits_split()
+  img = x[0]
+  np.testing.assert_array_equal(tasks.random_elastic(img, 0.0, 1.5, rng), img)
+  flat = np.full((8, 8), 0.25, np.float32)
+  bent = tasks.random_elastic(flat, 0.3, 2.0, np.random.default_rng(1))
+  np.testing.assert_allclose(bent[3:5, 3:5], 0.25, atol=1e-6)
+  change = lambda a: np.mean([np.abs(tasks.random_elastic(img, a, 1.5,
+                                                          np.random.default_rng(s)) - img).mean()
+                              for s in range(20)])
+  assert 0 < change(0.25) < change(0.5) < change(1.0)
+  out = tasks.random_elastic(img, 1.0, 1.0, np.random.default_rng(2))
+  assert out.dtype == np.float32 and -1 - 1e-6 <= out.min() and out.max() <= 1 + 1e-6
+  # Training bends about elastic_prob of the reading images and never a generation target.
+  opts = tasks.TaskOptions(patch_size=2, patch_dim=4, elastic_alpha=0.5, elastic_prob=0.5)
+  clean = tasks.reasoning_example(img, 0, 2, 4)["patches"]
+  reads = [tasks.build_example("reasoning", img, 0, opts, rng)["patches"] for _ in range(200)]
+  assert 70 <= sum(not np.array_equal(r, clean) for r in reads) <= 130
+  gen = tasks.build_example("generation", img, 0, opts, rng)
+  np.testing.assert_array_equal(gen["patches"], tasks.generation_example(img, 0, 2, 4)["patches"])
+
+
 def test_random_cutout_erases_one_clipped_square_of_reading_images_only():
   img = np.linspace(0.0, 1.0, 64, dtype=np.float32).reshape(8, 8)  # no background pixel
   for seed in range(40):

@@ -162,6 +162,13 @@ def validate(data_config: Any, task_names: tuple[str, ...] | None = None) -> tas
   if not isinstance(cutout, int) or not 0 <= cutout < size or not 0 <= cutout_prob <= 1:
     raise ValueError(f"config.data.cutout_size={cutout!r} / cutout_prob={cutout_prob} out of "
                      f"range: use an integer side 0..{size - 1} (0: off) and a probability 0..1")
+  elastic = float(data_config.get("elastic_alpha", 0.0))
+  elastic_sigma = float(data_config.get("elastic_sigma", 1.5))
+  elastic_prob = float(data_config.get("elastic_prob", 0.5))
+  if not 0 <= elastic <= 2 or not 0.5 <= elastic_sigma <= size or not 0 <= elastic_prob <= 1:
+    raise ValueError(f"config.data.elastic_alpha={elastic} / elastic_sigma={elastic_sigma} / "
+                     f"elastic_prob={elastic_prob} out of range: use 0..2 pixels (0: off), a "
+                     f"smoothing of 0.5..{size} pixels and a probability 0..1")
   layout = str(data_config.get("video_layout", "clip"))  # older configs: one clip block
   if layout not in moving_digits.VIDEO_LAYOUTS:
     raise ValueError(f"config.data.video_layout={layout!r} must be one of "
@@ -177,6 +184,8 @@ def validate(data_config: Any, task_names: tuple[str, ...] | None = None) -> tas
   options = tasks.TaskOptions(patch_size=p, patch_dim=patch_dim, num_frames=num_frames,
                               canvas=size, rotate_degrees=rotate, scale_jitter=scale,
                               cutout_size=cutout, cutout_prob=cutout_prob,
+                              elastic_alpha=elastic, elastic_sigma=elastic_sigma,
+                              elastic_prob=elastic_prob,
                               video_layout=layout, generation_start=start,
                               first_frame_weight=first_weight)
   if task_names is None:

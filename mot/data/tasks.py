@@ -105,6 +105,9 @@ class TaskOptions:
   scale_jitter: float = 0.0     # ... and random zoom by a factor in 1 ± this
   cutout_size: int = 0          # ... and a random square of this side erased (0: off)
   cutout_prob: float = 0.5      # ... in this fraction of the reading images
+  elastic_alpha: float = 0.0    # ... and an elastic distortion of this RMS pixel shift (0: off)
+  elastic_sigma: float = 1.5    # ... smooth over this many pixels
+  elastic_prob: float = 0.5     # ... in this fraction of the reading images
   video_layout: str = "frames"  # generated frames: "frames" (one block a frame) | "clip"
   generation_start: str = "any"  # caption -> clip starts: "any" | "grid" (patch grid)
   first_frame_weight: float = 1.0  # caption -> clip, frame by frame: frame 0's loss weight
@@ -219,6 +222,8 @@ def build_example(name: str, image: np.ndarray, label: int, options: TaskOptions
   variant = int(rng.integers(task.num_variants))
   if task.augment and (options.rotate_degrees > 0 or options.scale_jitter > 0):
     image = random_rotate_scale(image, options.rotate_degrees, options.scale_jitter, rng)
+  if task.augment and options.elastic_alpha > 0 and rng.random() < options.elastic_prob:
+    image = random_elastic(image, options.elastic_alpha, options.elastic_sigma, rng)
   if task.augment and shift_pixels > 0:
     image = random_shift(image, shift_pixels, rng)
   if task.augment and options.cutout_size > 0 and rng.random() < options.cutout_prob:
@@ -259,6 +264,37 @@ def random_rotate_scale(image: np.ndarray, max_degrees: float, scale_jitter: flo
   cos, sin = np.cos(angle) / scale, np.sin(angle) / scale
   sy = cy + cos * (yy - cy) - sin * (xx - cx)
   sx = cx + sin * (yy - cy) + cos * (xx - cx)
+  return _bilinear(image, sy, sx)
+
+
+def random_elastic(image: np.ndarray, alpha: float, sigma: float,
+                   rng: np.random.Generator) -> np.ndarray:
+  """float [H, W] image elastically distorted (Simard et al. 2003), bilinearly resampled.
+
+  Each pixel samples from itself moved by a smooth random field: uniform noise per pixel
+  and axis, smoothed by a Gaussian of `sigma` pixels, scaled so the displacement's root
+  mean square is `alpha` pixels. Unlike a rotation or zoom it bends strokes locally —
+  the way one writer's 8 differs from another's — while small `alpha` keeps the digit.
+  """
+  h, w = image.shape
+  dy, dx = elastic_field(h, w, alpha, sigma, rng)
+  yy, xx = np.mgrid[0:h, 0:w].astype(np.float64)
+  return _bilinear(image, yy + dy, xx + dx)
+
+
+def elastic_field(h: int, w: int, alpha: float, sigma: float,
+                  rng: np.random.Generator) -> np.ndarray:
+  """float64 [2, H, W] displacement (rows, columns) of `random_elastic`: RMS `alpha`."""
+  field = rng.uniform(-1, 1, size=(2, h, w))
+  smooth = lambda n: np.exp(-0.5 * ((np.arange(n)[:, None] - np.arange(n)) / sigma) ** 2)
+  field = smooth(h) @ field @ smooth(w).T          # separable Gaussian blur of both axes
+  return field * (alpha / max(float(np.sqrt(np.mean(field ** 2))), 1e-12))
+
+
+def _bilinear(image: np.ndarray, sy: np.ndarray, sx: np.ndarray) -> np.ndarray:
+  """float32 [H, W]: `image` read at source coordinates (sy, sx) [H, W], bilinearly;
+  coordinates beyond the border read BACKGROUND."""
+  h, w = image.shape
   padded = np.pad(np.asarray(image, np.float64), 1, constant_values=digits.BACKGROUND)
   sy, sx = np.clip(sy + 1, 0, h + 1), np.clip(sx + 1, 0, w + 1)
   y0, x0 = np.minimum(np.floor(sy).astype(int), h), np.minimum(np.floor(sx).astype(int), w)
