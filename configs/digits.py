@@ -99,6 +99,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.data.elastic_alpha = 0.0         # ... elastic distortion, RMS displacement in pixels (0: off)
   c.data.elastic_sigma = 1.5         # ... its smoothness: Gaussian blur of the field, pixels
   c.data.elastic_prob = 0.5          # ... in this fraction of the reading images
+  c.data.read_window = 0             # reading images: each patch token also carries the
+                                     # window x window pixels around it (an overlapping,
+                                     # conv-stem-like patch embedding; needs patch_dim >=
+                                     # window**2; 0: plain patches)
   c.data.task_weights = ml_collections.ConfigDict(  # task mix (interleaved: think, then draw)
       {"generation": 0.35, "reasoning": 0.45, "text": 0.1, "interleaved": 0.1})
 

@@ -336,6 +336,7 @@ class Pipeline:
     self.params = params
     self.step = step
     self.patch_size = int(config.data.patch_size)
+    self.read_window = int(config.data.get("read_window", 0))  # as the reading task trained
     self.is_video = config.data.dataset == "moving_digits"
     self.image_size = int(config.data.get(
         "canvas_size" if self.is_video else "image_size",
@@ -386,7 +387,8 @@ class Pipeline:
     b = SequenceBuilder(self.model_cfg.patch_dim)
     b.add_text([tokenizer_lib.BOS])
     if image is not None:
-      b.add_image(digits.patchify(to_model_scale(image), self.patch_size), noised=False)
+      b.add_image(digits.patchify_window(to_model_scale(image), self.patch_size,
+                                         self.read_window), noised=False)
     if video is not None:
       b.add_video(digits.patchify(to_model_scale(video), self.patch_size), noised=False)
     b.add_text(self._encode(text))

@@ -170,6 +170,37 @@ def test_patchify_round_trip_and_layout():
 # --------------------------------------------------------------------------- tasks
 
 
+def test_patchify_window_is_patchify_plus_the_neighbourhood():
+  img = np.arange(64, dtype=np.float32).reshape(8, 8) / 64
+  win = digits.patchify_window(img, 2, 4)
+  assert win.shape == (4, 4, 16) and win.dtype == np.float32
+  # The own pixels first, as patchify has them; 0 (or the patch size) is patchify.
+  np.testing.assert_array_equal(win[..., :4], digits.patchify(img, 2))
+  np.testing.assert_array_equal(digits.patchify_window(img, 2, 0), digits.patchify(img, 2))
+  # Every window holds the 4x4 square centred on its patch, background beyond the border.
+  padded = np.pad(img, 1, constant_values=digits.BACKGROUND)
+  for i in range(4):
+    for j in range(4):
+      square = padded[2 * i:2 * i + 4, 2 * j:2 * j + 4]
+      np.testing.assert_array_equal(np.sort(win[i, j]), np.sort(square.ravel()))
+      assert set(win[i, j, 4:]) == set(square.ravel()) - set(win[i, j, :4])
+  assert np.sum(win[0, 0] == digits.BACKGROUND) == 7        # a corner: 7 outside
+  # Batched images give the same windows; bad windows are refused.
+  np.testing.assert_array_equal(digits.patchify_window(np.stack([img, img]), 2, 4)[1], win)
+  for bad in (1, 3):
+    with pytest.raises(ValueError, match="window"):
+      digits.patchify_window(img, 2, bad)
+  # The reading task carries the windows; generation targets stay plain patches.
+  opts = tasks.TaskOptions(patch_size=2, patch_dim=16, read_window=4)
+  read = tasks.build_example("reasoning", img, 3, opts, np.random.default_rng(0))
+  block = read["block_ids"] > 0
+  np.testing.assert_array_equal(read["patches"][block], win.reshape(16, 16))
+  gen = tasks.build_example("generation", img, 3, opts, np.random.default_rng(0))
+  gen_block = gen["patches"][gen["block_ids"] > 0]
+  np.testing.assert_array_equal(gen_block[:, :4], digits.patchify(img, 2).reshape(16, 4))
+  assert not gen_block[:, 4:].any()
+
+
 def test_task_layouts_and_lengths():
   img = digits.load_digits_split()[0][0]
   gen = tasks.generation_example(img, 7, 2, 4)

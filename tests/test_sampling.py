@@ -43,6 +43,24 @@ def random_params(model, inputs, seed=0):
   return jax.tree_util.tree_map_with_path(fill, shapes["params"])
 
 
+def test_reasoning_prompt_reads_images_as_the_reading_task_trained():
+  # With data.read_window the prompt's patches are the training example's windows:
+  # the same prefix, token for token and dim for dim.
+  from configs import digits as digits_config
+  from mot.data import digits, tasks
+  config = digits_config.get_config("tiny")
+  config.data.read_window, config.data.patch_dim = 4, 16
+  pipe = Pipeline(config, None)
+  image = _image(3)
+  prompt = pipe.reasoning_prompt("What digit is this?", image)
+  from mot.pipeline import to_model_scale
+  train = tasks.reasoning_example(to_model_scale(image), 3, 2, 16, read_window=4)
+  n = len(prompt["tokens"])
+  for key in set(prompt) - {"ar_targets", "ar_weights"}:   # the prompt has no answer
+    np.testing.assert_array_equal(prompt[key], train[key][:n], err_msg=key)
+  assert np.any(prompt["patches"][:, 4:] != 0)
+
+
 def _as_batch(*examples, length=None):
   """Unpadded examples -> one RIGHT-padded [B, L] batch dict for `inputs_from_batch`
   (segment 1 on real tokens, 0 on padding): the plain, uncached layout of training."""

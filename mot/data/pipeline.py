@@ -169,6 +169,12 @@ def validate(data_config: Any, task_names: tuple[str, ...] | None = None) -> tas
     raise ValueError(f"config.data.elastic_alpha={elastic} / elastic_sigma={elastic_sigma} / "
                      f"elastic_prob={elastic_prob} out of range: use 0..2 pixels (0: off), a "
                      f"smoothing of 0.5..{size} pixels and a probability 0..1")
+  window = data_config.get("read_window", 0)
+  if not isinstance(window, int) or (window and (window <= p or (window - p) % 2 or window
+                                                 > size or window * window > patch_dim)):
+    raise ValueError(f"config.data.read_window={window!r} must be 0 (off) or a square centred "
+                     f"on the {p}x{p} patch (larger by an even number, at most {size}) whose "
+                     f"window**2 pixels fit config.data.patch_dim={patch_dim}")
   layout = str(data_config.get("video_layout", "clip"))  # older configs: one clip block
   if layout not in moving_digits.VIDEO_LAYOUTS:
     raise ValueError(f"config.data.video_layout={layout!r} must be one of "
@@ -185,7 +191,7 @@ def validate(data_config: Any, task_names: tuple[str, ...] | None = None) -> tas
                               canvas=size, rotate_degrees=rotate, scale_jitter=scale,
                               cutout_size=cutout, cutout_prob=cutout_prob,
                               elastic_alpha=elastic, elastic_sigma=elastic_sigma,
-                              elastic_prob=elastic_prob,
+                              elastic_prob=elastic_prob, read_window=window,
                               video_layout=layout, generation_start=start,
                               first_frame_weight=first_weight)
   if task_names is None:

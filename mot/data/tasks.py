@@ -59,11 +59,12 @@ def generation_example(image: np.ndarray, label: int, patch_size: int,
 
 
 def reasoning_example(image: np.ndarray, label: int, patch_size: int,
-                      patch_dim: int) -> dict[str, np.ndarray]:
-  """Image -> answer: BOS, clean image, QUESTION, answer (target), EOS (target)."""
+                      patch_dim: int, read_window: int = 0) -> dict[str, np.ndarray]:
+  """Image -> answer: BOS, clean image, QUESTION, answer (target), EOS (target); with
+  read_window, each patch carries its neighbourhood (`digits.patchify_window`)."""
   b = SequenceBuilder(patch_dim)
   b.add_text([tokenizer_lib.BOS])
-  b.add_image(digits.patchify(image, patch_size), noised=False)
+  b.add_image(digits.patchify_window(image, patch_size, read_window), noised=False)
   b.add_text(_TOKENIZER.encode(QUESTION))
   b.add_text(_TOKENIZER.encode(answer(label)) + [tokenizer_lib.EOS], loss=True)
   return b.build()
@@ -108,6 +109,7 @@ class TaskOptions:
   elastic_alpha: float = 0.0    # ... and an elastic distortion of this RMS pixel shift (0: off)
   elastic_sigma: float = 1.5    # ... smooth over this many pixels
   elastic_prob: float = 0.5     # ... in this fraction of the reading images
+  read_window: int = 0          # reading: patches carry this square neighbourhood (0: off)
   video_layout: str = "frames"  # generated frames: "frames" (one block a frame) | "clip"
   generation_start: str = "any"  # caption -> clip starts: "any" | "grid" (patch grid)
   first_frame_weight: float = 1.0  # caption -> clip, frame by frame: frame 0's loss weight
@@ -142,7 +144,8 @@ def _generation(image, label, options: TaskOptions, variant: int):
 
 def _reasoning(image, label, options: TaskOptions, variant: int):
   del variant
-  return reasoning_example(image, label, options.patch_size, options.patch_dim)
+  return reasoning_example(image, label, options.patch_size, options.patch_dim,
+                           options.read_window)
 
 
 def _text(image, label, options: TaskOptions, variant: int):

@@ -459,7 +459,8 @@ def reasoning_example(image: np.ndarray, caption: str,
   """Image -> caption: BOS, clean image, QUESTION, caption (target), EOS (target)."""
   b = SequenceBuilder(options.patch_dim)
   b.add_text([tokenizer_lib.BOS])
-  b.add_image(digits.patchify(image, options.patch_size), noised=False)
+  b.add_image(digits.patchify_window(image, options.patch_size, options.read_window),
+              noised=False)
   b.add_text(_TOKENIZER.encode(QUESTION))
   b.add_text(_TOKENIZER.encode(caption) + [tokenizer_lib.EOS], loss=True)
   return b.build()
