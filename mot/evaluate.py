@@ -74,6 +74,13 @@ def reasoning_accuracy(pipe, held_px: np.ndarray, labels: np.ndarray,
   return float(np.mean(correct)), answers
 
 
+def misreadings(answers: list[str], labels: np.ndarray) -> list[dict[str, Any]]:
+  """[{index, label, answer}] of the held-out digits read wrongly: which digits a
+  checkpoint misses, to set beside other checkpoints' and the pixel judge's misses."""
+  return [{"index": i, "label": int(y), "answer": a.strip()}
+          for i, (a, y) in enumerate(zip(answers, labels)) if a.strip() != tasks.answer(int(y))]
+
+
 def generate_digits(pipe, samples_per_digit: int, steps=None, cfg_scale=None, sampler=None,
                     seed: int = 0) -> np.ndarray:
   """float32 [10 * samples_per_digit, 8, 8] in [0, 1], digit-major (0s, then 1s, ...)."""
@@ -94,7 +101,7 @@ def evaluate_pipeline(pipe, samples_per_digit: int = 20, steps=None, cfg_scale=N
   clf, clf_acc, train_px, held_px, held_y = _judge()
   start = time.perf_counter()
   shifts = pipe.default_reason_shifts if reason_shifts is None else reason_shifts
-  reason_acc, _ = reasoning_accuracy(pipe, held_px, held_y, shifts)
+  reason_acc, answers = reasoning_accuracy(pipe, held_px, held_y, shifts)
   single_acc = (reasoning_accuracy(pipe, held_px, held_y, 0)[0] if shifts else reason_acc)
   reason_s = time.perf_counter() - start
   start = time.perf_counter()
@@ -115,6 +122,9 @@ def evaluate_pipeline(pipe, samples_per_digit: int = 20, steps=None, cfg_scale=N
       "frechet_floor": floor,
       "frechet_ratio": fd / floor,
       "classifier_heldout_accuracy": clf_acc,
+      "reasoning_misread": misreadings(answers, held_y),
+      "classifier_misread": [int(i) for i in np.flatnonzero(
+          clf.predict(held_px.reshape(len(held_px), -1)) != held_y)],
       "samples_per_digit": samples_per_digit,
       "sampling": {"steps": steps or pipe.default_steps,
                    "cfg_scale": pipe.default_cfg_scale if cfg_scale is None else cfg_scale,
@@ -283,6 +293,9 @@ def evaluate_video(pipe, samples_per_digit: int = 20, steps=None, cfg_scale=None
       "inverse_dynamics_step_accuracy": inv_acc,
       "real_clip_identity_accuracy": real_identity,
       "classifier_heldout_accuracy": clf_acc,
+      "reasoning_misread": misreadings(answers, held_y),
+      "classifier_misread": [int(i) for i in np.flatnonzero(
+          clf.predict(held_px.reshape(len(held_px), -1)) != held_y)],
       "samples_per_digit": samples_per_digit,
       "num_frames": t,
       "sampling": {"steps": steps or pipe.default_steps,

@@ -32,6 +32,13 @@ def test_protocol_figures_and_files(workdir):
     assert 0.0 <= result[key] <= 1.0
   assert result["sampling"]["reason_shifts"] == 1    # configs/digits.py reads 9 views
   assert result["classifier_heldout_accuracy"] > 0.94
+  # The misread digits: as many as the accuracy says, each with its wrong answer; the
+  # judge's own misses as many as its accuracy says.
+  misread = result["reasoning_misread"]
+  assert len(misread) == round((1 - result["reasoning_accuracy"]) * 297)
+  assert all(m["answer"] != str(m["label"]) and 0 <= m["index"] < 297 for m in misread)
+  assert len(result["classifier_misread"]) == round(
+      (1 - result["classifier_heldout_accuracy"]) * 297)
   assert result["frechet"] > 0 and result["frechet_floor"] > 0
   np.testing.assert_allclose(result["frechet_ratio"], result["frechet"] / result["frechet_floor"])
   written = evaluate.write_results(str(workdir), result)
