@@ -96,13 +96,15 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.data.cutout_size = 0             # ... a random square of this many pixels a side
                                      # erased to background (0: off)
   c.data.cutout_prob = 0.5           # ... in this fraction of the reading images
-  c.data.elastic_alpha = 0.0         # ... elastic distortion, RMS displacement in pixels (0: off)
+  c.data.elastic_alpha = 0.0         # ... elastic distortion, RMS displacement in pixels (0: off;
+                                     # 0.5 read 97.3 %, as the default)
   c.data.elastic_sigma = 1.5         # ... its smoothness: Gaussian blur of the field, pixels
   c.data.elastic_prob = 0.5          # ... in this fraction of the reading images
   c.data.read_window = 0             # reading images: each patch token also carries the
                                      # window x window pixels around it (an overlapping,
                                      # conv-stem-like patch embedding; needs patch_dim >=
-                                     # window**2; 0: plain patches)
+                                     # window**2; 0: plain patches; 4 with patch_dim 16
+                                     # read 97.6 % vs the default's 97.3 %, within noise)
   c.data.task_weights = ml_collections.ConfigDict(  # task mix (interleaved: think, then draw)
       {"generation": 0.35, "reasoning": 0.45, "text": 0.1, "interleaved": 0.1})
 
