@@ -293,9 +293,6 @@ def evaluate_video(pipe, samples_per_digit: int = 20, steps=None, cfg_scale=None
       "inverse_dynamics_step_accuracy": inv_acc,
       "real_clip_identity_accuracy": real_identity,
       "classifier_heldout_accuracy": clf_acc,
-      "reasoning_misread": misreadings(answers, held_y),
-      "classifier_misread": [int(i) for i in np.flatnonzero(
-          clf.predict(held_px.reshape(len(held_px), -1)) != held_y)],
       "samples_per_digit": samples_per_digit,
       "num_frames": t,
       "sampling": {"steps": steps or pipe.default_steps,
