@@ -70,8 +70,7 @@ def reasoning_accuracy(pipe, held_px: np.ndarray, labels: np.ndarray,
   """Exact-match accuracy of the AR answers; also the answers themselves. `shifts`:
   test-time shifts (`Pipeline.reason`; None: config.sample.reason_shifts)."""
   answers = pipe.reason(tasks.QUESTION, images=held_px, shifts=shifts)
-  correct = [a.strip() == tasks.answer(int(y)) for a, y in zip(answers, labels)]
-  return float(np.mean(correct)), answers
+  return (len(labels) - len(misreadings(answers, labels))) / len(labels), answers
 
 
 def misreadings(answers: list[str], labels: np.ndarray) -> list[dict[str, Any]]:

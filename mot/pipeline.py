@@ -207,15 +207,16 @@ def load_clip(source: str, size: int | None) -> np.ndarray:
     raise InputError(f"clip {name} does not exist")
   try:
     with Image.open(name) as opened:
-      frames = [f.convert("RGBA").copy() for f in ImageSequence.Iterator(opened)]
-      durations = [f.info.get("duration") for f in ImageSequence.Iterator(opened)]
+      read = [(f.convert("RGBA").copy(), f.info.get("duration"))
+              for f in ImageSequence.Iterator(opened)]
   except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
     raise InputError(f"{name} is not an image Pillow can read ({type(e).__name__})"
                      ) from None
+  frames, durations = zip(*read)
   if size is None:
     size = frames[0].height
   clip = np.stack([load_image(f, size) for f in frames])
-  return np.repeat(clip, frame_repeats(durations), axis=0)
+  return np.repeat(clip, frame_repeats(list(durations)), axis=0)
 
 
 def frame_repeats(durations: list) -> list[int]:

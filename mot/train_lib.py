@@ -418,18 +418,18 @@ def _mean_metrics(history: list[dict]) -> dict[str, float]:
 LOGGED = ("loss", "ar_loss", "dm_loss", "learning_rate", "grad_norm")
 
 
-def _interval_tokens(history: list[dict], timed: list, timed_s: float, whole_s: float
+def _interval_tokens(history: list[dict], timed_steps: int, timed_s: float, whole_s: float
                      ) -> dict[str, float]:
   """real_tokens: the global batch's real tokens over the steps since the last log (all
-  hosts, counted in the step); tokens_per_s: over the timed steps, which leave out the
-  compile step unless it is the interval's only step (then it is timed, compile and all).
-  A history restored from a checkpoint older than the count gives tokens_per_s only."""
-  history = jax.device_get(history)
-  if not timed:
-    timed, timed_s = [history[-1]["real_tokens"]], whole_s   # the compile step
-  out = {"tokens_per_s": float(np.sum(jax.device_get(timed))) / max(timed_s, 1e-9)}
-  if all("real_tokens" in h for h in history):
-    out["real_tokens"] = int(sum(int(h["real_tokens"]) for h in history))
+  hosts, counted in the step); tokens_per_s: over the last `timed_steps`, which leave out
+  the compile step unless it is the interval's only step (then it is timed, compile and
+  all). A history restored from a checkpoint older than the count gives tokens_per_s only.
+  `history`: fetched (host) metrics."""
+  counts = [h.get("real_tokens") for h in history]
+  timed = counts[-timed_steps:] if timed_steps else counts[-1:]   # else: the compile step
+  out = {"tokens_per_s": float(sum(timed)) / max(timed_s if timed_steps else whole_s, 1e-9)}
+  if None not in counts:
+    out["real_tokens"] = int(sum(counts))
   return out
 
 
@@ -524,9 +524,9 @@ def train_and_evaluate(config, workdir: str) -> TrainState:
   bar = tqdm(total=config.num_train_steps, initial=start_step, desc="train",
              disable=jax.process_index() != 0 or not config.progress_bar, dynamic_ncols=True,
              mininterval=0.1 if sys.stderr.isatty() else 30.0)
-  # Real (non-padding) tokens of the interval's steps, counted inside the step over the
-  # global batch (exact with any number of hosts); summed when the interval is logged.
-  interval_start, interval_tokens = time.perf_counter(), []
+  # Steps timed since the last log (the compile step is not); their real tokens are
+  # counted inside the step (`_interval_tokens`).
+  interval_start, timed_steps = time.perf_counter(), 0
   log_start = interval_start    # the compile step's interval, timed whole if alone
   previous_metrics = None
   try:
@@ -536,25 +536,26 @@ def train_and_evaluate(config, workdir: str) -> TrainState:
         state, metrics = p_train_step(
             state, sharding.global_batch(mesh, local, config.batch_size), step_rng)
         history.append(metrics)
-        interval_tokens.append(metrics["real_tokens"])
+        timed_steps += 1
         if step == start_step + 1:
           jax.block_until_ready(state)
           logging.info("First step (compile + run): %.1fs", time.perf_counter() - interval_start)
-          interval_start, interval_tokens = time.perf_counter(), []
+          interval_start, timed_steps = time.perf_counter(), 0
         # Read the previous step's counter (already computed: no stall of the pipeline).
         if previous_metrics is not None:
           check_nonfinite(previous_metrics, config, step - 1)
         previous_metrics = metrics
         if step % config.log_every_steps == 0 or step == config.num_train_steps:
+          history = jax.device_get(history)
           summary = _mean_metrics(history)
           elapsed = time.perf_counter() - interval_start
           record = {"step": step, **{k: summary[k] for k in LOGGED},
-                    **_interval_tokens(history, interval_tokens, elapsed,
+                    **_interval_tokens(history, timed_steps, elapsed,
                                        time.perf_counter() - log_start)}
           log.write(record)
           bar.set_postfix(loss=f"{record['loss']:.3f}", ar=f"{record['ar_loss']:.3f}",
                           dm=f"{record['dm_loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
-          history, interval_start, interval_tokens = [], time.perf_counter(), []
+          history, interval_start, timed_steps = [], time.perf_counter(), 0
           log_start = interval_start
         bar.update(1)
         if step % config.eval_every_steps == 0 or step == config.num_train_steps:
