@@ -70,3 +70,20 @@ def test_cli_writes_eval_json(workdir):
   record = json.loads(proc.stdout.strip().splitlines()[-1])
   assert record["samples_per_digit"] == 1 and record["sampling"]["reason_shifts"] == 0
   assert record["reasoning_accuracy"] == record["reasoning_accuracy_single_view"]
+
+
+def test_diffusion_classifier_bench_reads_with_the_dm_head(workdir):
+  proc = subprocess.run([sys.executable, "-m", "bench.diffusion_classifier", "--workdir",
+                         str(workdir), "--draws", "2", "--num_images", "12"], cwd=ROOT,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert result["images"] == 12 and result["draws"] == 2 and result["step"] == 3
+  assert len(result["misread"]) == round(12 * (1 - result["accuracy"]))
+  assert len(result["reasoning_misread"]) == round(12 * (1 - result["reasoning_accuracy"]))
+  assert set(result["both_misread"]) == ({m["index"] for m in result["misread"]}
+                                         & {m["index"] for m in result["reasoning_misread"]})
+  bad = subprocess.run([sys.executable, "-m", "bench.diffusion_classifier", "--workdir",
+                        str(workdir / "missing")], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+  assert bad.returncode != 0 and "Traceback" not in bad.stderr

@@ -276,6 +276,42 @@ def test_generation_is_reproducible_and_batch_independent(pipe):
   assert not np.allclose(other, a)
 
 
+def test_diffusion_classifier_errors_are_the_uncached_velocity_errors(pipe, monkeypatch):
+  """bench.diffusion_classifier: image i's error under caption k is the mean, over its
+  own draws, of the full (uncached) forward's squared velocity error; chunking and the
+  other images in a call change nothing."""
+  from bench import diffusion_classifier as dc
+  from mot.data import digits
+  from mot.pipeline import to_model_scale
+  monkeypatch.setattr(dc, "MAX_ROWS", 4)  # two images per call: chunks split the batch
+  images = np.stack([_image(1), _image(2), _image(3)])
+  captions = ["a handwritten digit 7", "a 1"]
+  errors = dc.caption_errors(pipe, images, captions, draws=2, seed=3)
+  assert errors.shape == (3, 2) and np.all(errors > 0)
+  alone = dc.caption_errors(pipe, images[2:], captions, draws=2, seed=3, first_index=2)
+  np.testing.assert_allclose(alone[0], errors[2], rtol=1e-5)
+  assert not np.allclose(errors[:, 0], errors[:, 1])          # the caption is read
+  for i in (0, 2):
+    for c, caption in enumerate(captions):
+      ex = pipe.generation_example(caption)
+      start = int(np.flatnonzero(ex["dm_mask"])[0])
+      m, pd = int(np.sum(ex["dm_mask"] > 0)), pipe.model_cfg.patch_dim
+      dims = sampling.patch_dims(pipe.model, ex["modality"][None, start:start + m])[0]
+      x0 = np.zeros((m, pd), np.float32)
+      x0[:, :4] = digits.patchify(to_model_scale(images[i]), 2).reshape(m, 4)
+      ts, noise = dc.noise_draws(3, i, 2, (m, pd))
+      ref = []
+      for t, eps in zip(ts, noise * dims):
+        full = dict(ex, patches=ex["patches"].copy())
+        full["patches"][start:start + m] = (1 - t) * x0 + t * eps
+        v = _full_forward(pipe, [full], float(t))[1][0, start:start + m]
+        ref.append(np.sum(np.square((v - (eps - x0)) * dims)))
+      np.testing.assert_allclose(errors[i, c], np.mean(ref), rtol=1e-4)
+  result = dc.probe(pipe, draws=1, num_images=3)
+  assert result["images"] == 3 and len(result["misread"]) == round(3 * (1 - result["accuracy"]))
+  assert set(result["both_misread"]) <= {m["index"] for m in result["misread"]}
+
+
 def test_think_then_draw(pipe):
   kw = dict(steps=3, cfg_scale=2.0, sampler="heun", max_new_tokens=3)  # compiled above
   answer, images = pipe.think_then_draw("draw the digit after 3:", num_samples=2, **kw)
