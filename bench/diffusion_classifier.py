@@ -63,7 +63,7 @@ def _errors(model, params, prefix, block, x0, noise, t, dims):
   def one(draw):
     eps, t_row = draw
     x_t = (1.0 - t_row[:, None, None]) * x0 + t_row[:, None, None] * eps
-    # Every row shares the draw's t except in tests; the model takes one t per token.
+    # Each image's rows have their own t (its draws); the model takes one t per token.
     v = velocity(x_t, t_row[:, None])
     return jnp.sum(jnp.square((v - (eps - x0)) * dims), axis=(1, 2))
 
