@@ -114,10 +114,10 @@ def caption_errors(pipe, images: np.ndarray, captions: list[str], draws: int = 3
 def probe(pipe, draws: int = 32, seed: int = 0, num_images: int | None = None) -> dict:
   """The module doc's figures over the first `num_images` held-out digits (all: None)."""
   from mot import evaluate
-  from mot.data import tasks
-  _, _, _, held_px, held_y = evaluate._judge()  # pylint: disable=protected-access
-  held_px, held_y = held_px[:num_images], held_y[:num_images]
+  from mot.data import digits, tasks
   from mot.pipeline import to_unit_images
+  _, _, held_x, held_y = digits.load_digits_split()
+  held_px, held_y = digits.to_pixels(held_x)[:num_images], held_y[:num_images]
   unit, _ = to_unit_images(held_px, pipe.image_size)
   start = time.perf_counter()
   errors = caption_errors(pipe, unit, [tasks.caption(k) for k in range(10)], draws, seed)
