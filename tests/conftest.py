@@ -6,7 +6,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# One persistent XLA compilation cache for the whole session (inherited by the training
+# One persistent XLA compilation cache for the whole session (set in the pytest-xdist
+# controller before it starts its workers, so they share it; inherited by the training
 # subprocesses): the same tiny programs are compiled once instead of once per process.
 import tempfile  # noqa: E402
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="mot-jax-cache-"))
