@@ -5,6 +5,7 @@ Not a dependency of mot: it runs in its own virtual environment (bench/peer_setu
   bash bench/peer_setup.sh                   # once: /tmp/peer with torch 2.13.0 (CPU)
   /tmp/peer/bin/python bench/peer_transfusion.py
   /tmp/peer/bin/python bench/peer_transfusion.py --steps 30 --batch 16
+  python3 bench/peer_transfusion.py --device cuda --steps 50   # on a GPU machine's torch
 
 The setting (shared/STACK.md's anchor, matched by `configs/bench.py:peer`): d_model 256,
 6 layers, 4 heads x 64 (its defaults otherwise: GEGLU feed-forward of inner width
@@ -44,6 +45,11 @@ def make_batch(batch: int, text_len: int, generator: torch.Generator) -> list:
            torch.randn(4, 4, 4, generator=generator)] for _ in range(batch)]
 
 
+def synchronize(device: torch.device) -> None:
+  if device.type == "cuda":
+    torch.cuda.synchronize(device)
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--steps", type=int, default=20, help="timed steps (median)")
@@ -54,6 +60,7 @@ def main() -> None:
   parser.add_argument("--depth", type=int, default=6)
   parser.add_argument("--heads", type=int, default=4)
   parser.add_argument("--dim_head", type=int, default=64)
+  parser.add_argument("--device", default="cpu", help="torch device: cpu or cuda")
   parser.add_argument("--threads", type=int, default=0,
                       help="torch.set_num_threads (0: torch's default, all cores)")
   args = parser.parse_args()
@@ -62,18 +69,22 @@ def main() -> None:
   loadavg_start = os.getloadavg()
   torch.manual_seed(0)
   generator = torch.Generator().manual_seed(0)
-  model = make_model(args.dim, args.depth, args.heads, args.dim_head)
+  device = torch.device(args.device)
+  model = make_model(args.dim, args.depth, args.heads, args.dim_head).to(device)
   optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
   model.train()
 
   times, losses = [], []
   for i in range(args.warmup + args.steps):
-    batch = make_batch(args.batch, args.text_len, generator)
+    batch = [[x.to(device) for x in example]
+             for example in make_batch(args.batch, args.text_len, generator)]
+    synchronize(device)
     start = time.perf_counter()
     loss = model(batch)
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    synchronize(device)                 # a GPU runs asynchronously: time the work, not the launch
     elapsed = time.perf_counter() - start
     if i >= args.warmup:
       times.append(elapsed)
@@ -84,6 +95,7 @@ def main() -> None:
   result = {
       "peer": "transfusion-pytorch",
       "torch": torch.__version__,
+      "device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
       "threads": torch.get_num_threads(),
       "tokens_per_s": round(tokens / step, 1),
       "step_ms": round(step * 1e3, 2),

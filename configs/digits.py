@@ -131,6 +131,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.model.remat_policy = "none"      # "none" or a jax.checkpoint_policies name
   c.model.dtype = "float32"          # compute dtype (bf16: 1.6x slower steps on this CPU)
   c.model.param_dtype = "float32"    # parameter dtype
+  c.model.attention_impl = "auto"    # "auto": cuDNN flash attention on a GPU in bf16, else XLA
 
   # ---- Sampling defaults (sample.py, evaluation). ----
   c.sample = ml_collections.ConfigDict()

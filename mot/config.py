@@ -15,6 +15,7 @@ from mot import tokenizer
 
 EXPERT_MODES = ("shared", "mode", "modality")
 EXPERT_IMPLS = ("auto", "tiled", "ragged")
+ATTENTION_IMPLS = ("auto", "xla", "cudnn")
 
 
 class ConfigError(ValueError):
@@ -47,7 +48,7 @@ class ModelConfig:
   param_dtype: str = "float32"
   norm_eps: float = 1e-6
   dropout_rate: float = 0.0              # residual dropout in training (only with a "dropout" rng)
-  attention_impl: str | None = None      # None: let JAX pick (cuDNN on GPU, XLA elsewhere)
+  attention_impl: str = "auto"           # "auto" (cuDNN where it applies, else XLA) | "xla" | "cudnn"
 
   @property
   def num_modalities(self) -> int:
@@ -114,6 +115,18 @@ def validate_model(m: ModelConfig) -> None:
     except TypeError:
       raise ConfigError(f"config.model.{name}={getattr(m, name)!r} is not a dtype: "
                         "use float32 or bfloat16") from None
+  impl = "auto" if m.attention_impl is None else m.attention_impl
+  _check(impl in ATTENTION_IMPLS,
+         f"config.model.attention_impl={m.attention_impl!r} is unknown: use one of "
+         f"{ATTENTION_IMPLS}")
+  if impl == "cudnn":
+    _check(m.dtype in ("bfloat16", "float16"),
+           f"config.model.attention_impl='cudnn' needs 16-bit compute, not "
+           f"config.model.dtype={m.dtype!r}: set config.model.dtype=bfloat16 (or use 'auto')")
+    import jax  # local: only needed for the backend
+    _check(jax.default_backend() == "gpu",
+           f"config.model.attention_impl='cudnn' needs a GPU, but JAX runs on "
+           f"{jax.default_backend()!r}: use 'auto' or 'xla'")
   if m.remat_policy != "none":
     import jax  # local: only needed for the lookup
     _check(hasattr(jax.checkpoint_policies, m.remat_policy),

@@ -114,7 +114,7 @@ class Attention(nn.Module):
     if cache is None:
       new_kv = None
       out = jax.nn.dot_product_attention(q, k.astype(dt), v.astype(dt), mask=mask,
-                                         implementation=cfg.attention_impl)
+                                         implementation=attention_implementation(cfg, q))
     else:
       new_kv = {"k": k.astype(cache["k"].dtype), "v": v.astype(cache["v"].dtype)}
       out = cached_attention(q, new_kv, cache, cache_index, mask).astype(dt)
@@ -124,6 +124,27 @@ class Attention(nn.Module):
       out = groups.dispatch(out)
     out = Linear(cfg, (d,), ("heads", "kv", "embed"), in_dims=2, name="out")(out, groups)
     return out, new_kv
+
+
+def attention_implementation(cfg: ModelConfig, q: Array) -> str:
+  """Which `jax.nn.dot_product_attention` kernel runs: "xla" or "cudnn".
+
+  JAX's own default (implementation=None) is XLA's einsum + softmax on every backend, so
+  "auto" chooses here: cuDNN's fused flash-attention kernel wherever it applies (a GPU of
+  compute capability >= 8.0, bf16/fp16 compute, head_dim a multiple of 8 and <= 128, an
+  even sequence length: the conditions of jax._src.cudnn for a masked training step),
+  XLA everywhere else (CPU, TPU, float32 on a GPU). q: [B, L, H, D] in compute dtype.
+  """
+  impl = cfg.attention_impl or "auto"
+  if impl != "auto":
+    return impl
+  if jax.default_backend() != "gpu" or q.dtype not in (jnp.bfloat16, jnp.float16):
+    return "xla"
+  head_dim, length = q.shape[-1], q.shape[1]
+  if head_dim % 8 or head_dim > 128 or length % 2:
+    return "xla"
+  capability = getattr(jax.local_devices()[0], "compute_capability", "0")
+  return "cudnn" if float(capability) >= 8.0 else "xla"
 
 
 def cached_attention(q: Array, new_kv: dict, cache: dict, cache_index, mask: Array) -> Array:
