@@ -4,6 +4,9 @@
   python -m bench.train_throughput --config configs/bench.py:d512
   /tmp/peer/bin/python bench/peer_transfusion.py     # the peer (bash bench/peer_setup.sh)
 
+On a GPU add --config.model.dtype=bfloat16 (attention then runs through cuDNN's fused
+kernel; README, Performance: "On a GPU") and run the peer with --device cuda.
+
 They are configs/digits.py's default run changed only where a field is set below, so
 train.py accepts them too. On a CPU, run both with tcmalloc preloaded (see the README's
 Performance section): XLA's CPU runtime maps and unmaps the step's scratch memory every

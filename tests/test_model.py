@@ -175,10 +175,13 @@ def test_cached_attention_equals_attention_over_updated_cache(cache_index, new):
   mask = rng.random((b, 1, new, lmax)) < 0.6
   mask[0, 0, 0] = False  # a query with no allowed key
   mask = jnp.asarray(mask)
-  got = layers.cached_attention(q, new_kv, cache, cache_index, mask)
-  full = {n: jax.lax.dynamic_update_slice(cache[n], new_kv[n], (0, cache_index, 0, 0))
-          for n in ("k", "v")}
-  want = jax.nn.dot_product_attention(q, full["k"], full["v"], mask=mask)
+  # Full float32 matmuls: on a GPU JAX's default is TF32 (10-bit mantissa), and the two
+  # paths' different contraction orders then differ by ~1e-4 (seen on an H200).
+  with jax.default_matmul_precision("float32"):
+    got = layers.cached_attention(q, new_kv, cache, cache_index, mask)
+    full = {n: jax.lax.dynamic_update_slice(cache[n], new_kv[n], (0, cache_index, 0, 0))
+            for n in ("k", "v")}
+    want = jax.nn.dot_product_attention(q, full["k"], full["v"], mask=mask)
   # Rows that may see some key agree exactly; a row that sees nothing (a padding query,
   # whose output is never used) is a uniform average in both, over different key sets.
   seen = np.asarray(mask[:, 0].any(-1))  # [B, L]
