@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 from mot import tokenizer
@@ -115,20 +116,17 @@ def validate_model(m: ModelConfig) -> None:
     except TypeError:
       raise ConfigError(f"config.model.{name}={getattr(m, name)!r} is not a dtype: "
                         "use float32 or bfloat16") from None
-  impl = "auto" if m.attention_impl is None else m.attention_impl
-  _check(impl in ATTENTION_IMPLS,
+  _check(m.attention_impl in ATTENTION_IMPLS,
          f"config.model.attention_impl={m.attention_impl!r} is unknown: use one of "
          f"{ATTENTION_IMPLS}")
-  if impl == "cudnn":
+  if m.attention_impl == "cudnn":
     _check(m.dtype in ("bfloat16", "float16"),
            f"config.model.attention_impl='cudnn' needs 16-bit compute, not "
            f"config.model.dtype={m.dtype!r}: set config.model.dtype=bfloat16 (or use 'auto')")
-    import jax  # local: only needed for the backend
     _check(jax.default_backend() == "gpu",
            f"config.model.attention_impl='cudnn' needs a GPU, but JAX runs on "
            f"{jax.default_backend()!r}: use 'auto' or 'xla'")
   if m.remat_policy != "none":
-    import jax  # local: only needed for the lookup
     _check(hasattr(jax.checkpoint_policies, m.remat_policy),
            f"config.model.remat_policy={m.remat_policy!r} is not in jax.checkpoint_policies: "
            "use 'none', 'nothing_saveable' or 'dots_with_no_batch_dims_saveable'")

@@ -135,9 +135,8 @@ def attention_implementation(cfg: ModelConfig, q: Array) -> str:
   even sequence length: the conditions of jax._src.cudnn for a masked training step),
   XLA everywhere else (CPU, TPU, float32 on a GPU). q: [B, L, H, D] in compute dtype.
   """
-  impl = cfg.attention_impl or "auto"
-  if impl != "auto":
-    return impl
+  if cfg.attention_impl != "auto":
+    return cfg.attention_impl
   if jax.default_backend() != "gpu" or q.dtype not in (jnp.bfloat16, jnp.float16):
     return "xla"
   head_dim, length = q.shape[-1], q.shape[1]
