@@ -13,39 +13,22 @@ import numpy as np
 import pytest
 
 from mot import layers
-from mot.config import ConfigError, ModelConfig, validate_model
+from mot.config import ConfigError, validate_model
 from mot.model import MoT, inputs_from_batch
+from tests.test_model import CFG, layout_batch
 
-CFG = ModelConfig(d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
-                  rope_sections=(2, 3, 3), mlp_dim=128, time_embed_dim=32)
 ON_GPU = jax.default_backend() == "gpu"
 
 
 def packed_batch(length: int = 32):
-  """Two examples [BOS t t BOI p p p p EOI t t] packed in one row, then padding; the
-  second example's image block is noised, so every rule of mot.masks is exercised."""
-  tokens = np.zeros((1, length), np.int32)
-  modality = np.zeros((1, length), np.int32)
-  block = np.zeros((1, length), np.int32)
-  segment = np.zeros((1, length), np.int32)
-  noised = np.zeros((1, length), np.float32)
-  pos = np.zeros((1, length, 3), np.int32)
-  for example, start in enumerate((0, 11)):
-    sl = slice(start, start + 11)
-    tokens[0, sl] = [1, 20 + example, 21, 3, 0, 0, 0, 0, 4, 22, 23]
-    modality[0, start + 4:start + 8] = 1
-    block[0, start + 4:start + 8] = example + 1
-    segment[0, sl] = example + 1
-    noised[0, start + 4:start + 8] = float(example == 1)
-    pos[0, start:start + 4] = np.arange(4)[:, None]
-    for k, (r, c) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)]):
-      pos[0, start + 4 + k] = (4, 4 + r, 4 + c)
-    pos[0, start + 8:start + 11] = (6 + np.arange(3))[:, None]
-  patches = np.where(modality[..., None] == 1,
-                     np.random.default_rng(0).normal(size=(1, length, 4)), 0)
-  return {"tokens": tokens, "patches": patches.astype(np.float32), "modality": modality,
-          "positions": pos, "segment_ids": segment, "block_ids": block, "dm_mask": noised,
-          "cond_mask": np.zeros((1, length), np.float32)}
+  """test_model's example twice in one row, the second's image block noised, then
+  padding: every rule of mot.masks (packing, causal text, blocks, noise, padding)."""
+  clean, noised = layout_batch(False), layout_batch(True)
+  noised["segment_ids"] = 2 * noised["segment_ids"]
+  noised["block_ids"] = 2 * noised["block_ids"]
+  row = {k: np.concatenate([clean[k], noised[k]], axis=1) for k in clean}
+  pad = length - row["tokens"].shape[1]
+  return {k: np.pad(v, [(0, 0), (0, pad)] + [(0, 0)] * (v.ndim - 2)) for k, v in row.items()}
 
 
 def q_of(dtype, length=32, head_dim=16):
