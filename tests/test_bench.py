@@ -104,3 +104,55 @@ def test_profile_step_bench_groups_the_traced_step_by_op_kind(tmp_path):
   assert 0 < result["busy_fraction"]
   assert not any(op["op"] in ("while", "ThunkExecutor::Execute") for op in result["top_ops"])
   assert any(name.endswith(".xplane.pb") for _, _, files in os.walk(tmp_path) for name in files)
+
+
+FAKE_PEER = """import json, sys
+steps = sys.argv[sys.argv.index("--steps") + 1]
+print("a line the ratio bench must skip")
+print(json.dumps({"tokens_per_s": 100.0, "step_ms": 480.0, "step_ms_p10": 400.0,
+                  "steps": int(steps)}))
+"""
+
+
+def test_peer_ratio_alternates_the_two_runs_and_divides_their_figures(tmp_path):
+  """The peer is a stand-in script here (the real one needs torch): the bench's own work is
+  the alternation, the parsing and the arithmetic."""
+  fake = tmp_path / "fake_peer.py"
+  fake.write_text(FAKE_PEER)
+  proc = subprocess.run(
+      [sys.executable, "-m", "bench.peer_ratio", "--mot_config", "configs/digits.py:tiny",
+       "--pairs", "2", "--steps", "2", "--mot_args=--warmup 1 --peak_size 256 --peak_reps 2",
+       "--peer_python", sys.executable, "--peer_script", str(fake)],
+      cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert result["order"] == ["mot-peer", "peer-mot"]
+  mot = [r["tokens_per_s"] for r in result["mot"]]
+  np.testing.assert_allclose(result["tokens_per_s_ratios"], [m / 100.0 for m in mot],
+                             rtol=1e-3)
+  np.testing.assert_allclose(result["tokens_per_s_ratio"], np.median(mot) / 100.0, rtol=1e-3)
+  np.testing.assert_allclose(result["step_ratios"],
+                             [480.0 / r["step_ms"] for r in result["mot"]], rtol=1e-3)
+  fast = [r["tokens_per_s"] * r["step_ms"] / r["step_ms_p10"] / 120.0 for r in result["mot"]]
+  np.testing.assert_allclose(result["tokens_per_s_ratio_p10"], np.median(fast), rtol=1e-3)
+  assert result["tokens_per_s_ratio_min"] <= result["tokens_per_s_ratio"] <= result[
+      "tokens_per_s_ratio_max"]
+
+
+def test_peer_ratio_fails_in_one_line_without_the_peer(tmp_path):
+  from bench import peer_ratio
+  proc = subprocess.run(
+      [sys.executable, "-m", "bench.peer_ratio", "--peer_python", str(tmp_path / "nope")],
+      cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 1 and "Traceback" not in proc.stderr
+  assert proc.stderr.strip().count("\n") == 0 and "peer_setup.sh" in proc.stderr
+  broken = tmp_path / "no_torch.py"
+  broken.write_text("import sys; sys.exit(\"ModuleNotFoundError: No module named 'torch'\")")
+  try:
+    peer_ratio.run_one("peer", [sys.executable, str(broken)], timeout=60)
+  except peer_ratio.BenchError as e:
+    assert "peer failed (exit 1)" in str(e) and "peer_setup.sh" in str(e), e
+  else:
+    raise AssertionError("a peer that exits 1 must raise BenchError")
+  assert peer_ratio.last_json_line('x\n{"a": 1}\nnot json\n') == {"a": 1}
+  assert peer_ratio.last_json_line("[1, 2]\n") is None
