@@ -101,12 +101,20 @@ def run_one(name: str, command: list[str], timeout: int) -> dict:
   return result
 
 
+def split_args(flag: str) -> list[str]:
+  try:
+    return shlex.split(getattr(FLAGS, flag))
+  except ValueError as e:
+    raise BenchError(f"--{flag}={getattr(FLAGS, flag)!r} is not a shell-quoted argument "
+                     f"list ({e}): check its quotes") from None
+
+
 def commands() -> dict[str, list[str]]:
   steps = ["--steps", str(FLAGS.steps)]
   return {
       "mot": [sys.executable, "-m", "bench.train_throughput", "--config", FLAGS.mot_config,
-              *steps, *shlex.split(FLAGS.mot_args)],
-      "peer": [FLAGS.peer_python, FLAGS.peer_script, *steps, *shlex.split(FLAGS.peer_args)],
+              *steps, *split_args("mot_args")],
+      "peer": [FLAGS.peer_python, FLAGS.peer_script, *steps, *split_args("peer_args")],
   }
 
 

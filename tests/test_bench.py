@@ -146,6 +146,11 @@ def test_peer_ratio_fails_in_one_line_without_the_peer(tmp_path):
       cwd=ROOT, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 1 and "Traceback" not in proc.stderr
   assert proc.stderr.strip().count("\n") == 0 and "peer_setup.sh" in proc.stderr
+  proc = subprocess.run(
+      [sys.executable, "-m", "bench.peer_ratio", "--peer_python", sys.executable,
+       "--mot_args=--config.seed='1"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 1 and "Traceback" not in proc.stderr
+  assert "--mot_args" in proc.stderr and "quotes" in proc.stderr, proc.stderr
   broken = tmp_path / "no_torch.py"
   broken.write_text("import sys; sys.exit(\"ModuleNotFoundError: No module named 'torch'\")")
   try:
