@@ -374,6 +374,22 @@ def test_packing_drops_what_does_not_fit():
   assert dropped == 1 and not any(v.any() for v in row.values())
 
 
+def test_an_overfull_row_config_warns_once_with_the_fix(caplog):
+  from configs import digits as digits_config
+  config = digits_config.get_config().data   # 3 x 44 (interleaved) > 128 tokens
+  pipeline._WARNED.clear()
+  with caplog.at_level("WARNING"):
+    pipeline.validate(config)
+    pipeline.validate(config)
+  assert caplog.text.count("examples_per_row=3 x 44 tokens") == 1, caplog.text
+  assert "raise seq_len to drop none" in caplog.text
+  caplog.clear()
+  config.seq_len = 132
+  with caplog.at_level("WARNING"):
+    pipeline.validate(config)
+  assert "examples_per_row" not in caplog.text
+
+
 # ------------------------------------------------------------------------ pipeline
 
 

@@ -221,9 +221,21 @@ def validate(data_config: Any, task_names: tuple[str, ...] | None = None) -> tas
   per_row = int(getattr(data_config, "examples_per_row", 1))
   group = max(lengths[n] * tasks.get_task(n).per_row for n in task_names)
   if per_row * group > seq_len:
-    logging.warning("config.data.seq_len=%d < examples_per_row=%d x %d tokens: some "
-                    "examples will be dropped when packing", seq_len, per_row, group)
+    _warn_once(f"config.data.seq_len={seq_len} < examples_per_row={per_row} x {group} "
+               "tokens (the longest task's example): a row whose drawn examples do not fit "
+               "drops the last ones (e.g. 1 % of configs/digits.py's rows lose one); raise "
+               "seq_len to drop none")
   return options
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+  """logging.warning, once per process: validate() runs for every dataset built."""
+  if message not in _WARNED:
+    _WARNED.add(message)
+    logging.warning(message)
 
 
 class _MakeExample:
