@@ -4,7 +4,7 @@
   python -m bench.peer_ratio                     # 3 pairs, configs/bench.py:peer vs the peer
   python -m bench.peer_ratio --pairs 5 --steps 30
   python -m bench.peer_ratio --mot_args=--config.model.dtype=bfloat16 \
-      --peer_python=python3 --peer_args="--device cuda --steps 50"   # on a GPU machine
+      --peer_python=python3 --peer_args="--device cuda --warmup 5"   # on a GPU machine
 
 Why a command of its own: on a shared machine a run's figure moves by tens of per cent
 from one minute to the next, and mot's compiled, matmul-bound step moves with the load
