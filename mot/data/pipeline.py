@@ -223,8 +223,8 @@ def validate(data_config: Any, task_names: tuple[str, ...] | None = None) -> tas
   if per_row * group > seq_len:
     _warn_once(f"config.data.seq_len={seq_len} < examples_per_row={per_row} x {group} "
                "tokens (the longest task's example): a row whose drawn examples do not fit "
-               "drops the last ones (e.g. 1 % of configs/digits.py's rows lose one); raise "
-               "seq_len to drop none")
+               "drops the last ones (rare when most examples are shorter); raise seq_len "
+               "to drop none")
   return options
 
 
