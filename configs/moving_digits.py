@@ -63,6 +63,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.data.patch_size = PATCH          # frame -> (16/4)^2 = 16 patches of 16 pixels
   c.data.patch_dim = PATCH * PATCH   # width of the patches field (>= patch_size**2)
   c.data.shift_pixels = 0            # unused: the motion itself moves the digit around
+  c.data.validation_size = 0         # tuning: > 0 trains without the last N training digits
+                                     # and evaluates on their clips, never on the 297 held out
   c.data.task_weights = ml_collections.ConfigDict(  # task mix (see the docstring; the README
       {"video_generation": 0.35, "video_qa": 0.45, "world_model": 0.3,  # compares mixes)
        "inverse_dynamics": 0.15,

@@ -29,6 +29,10 @@ the digit (`crop_digits`):
 - inverse dynamics: mean absolute error (pixels) of the actions drawn from held-out clips;
 - the judges on real held-out clips (identity accuracy; motion error is 0 by design).
 
+A run with config.data.validation_size = N > 0 (for choosing settings) trained without the
+last N training digits and is measured on them instead, judge and floor included; its
+records say so ("split") and the 297 held-out digits are not read at all.
+
 Writes DIR/eval.json (one record per evaluated step, newest last) and
 DIR/samples/grid_step_N.png (one row per digit; video: one row per clip, one column per
 frame, plus clips_step_N.gif and world_model_step_N.gif: real held-out clips over the
@@ -56,13 +60,23 @@ EVAL_FILE = "eval.json"
 SAMPLES_DIR = "samples"
 
 
-@functools.lru_cache(maxsize=1)
-def _judge():
-  """(classifier, its held-out accuracy, train pixels, held-out pixels, held-out labels)."""
-  train_x, train_y, held_x, held_y = digits.load_digits_split()
+@functools.lru_cache(maxsize=2)
+def _judge(validation: int = 0):
+  """(classifier, its held-out accuracy, train pixels, held-out pixels, held-out labels).
+
+  validation > 0: the split `digits.load_digits_split(validation)` gives, so a tuning run
+  is scored (and its judge trained) without the 297 held-out digits.
+  """
+  train_x, train_y, held_x, held_y = digits.load_digits_split(validation)
   train_px, held_px = digits.to_pixels(train_x), digits.to_pixels(held_x)
   clf = eval_metrics.fit_digit_classifier(train_px, train_y)
   return clf, eval_metrics.classifier_accuracy(clf, held_px, held_y), train_px, held_px, held_y
+
+
+def _split_name(validation: int) -> str:
+  """What the figures were measured on, for eval.json and the printed line."""
+  return (f"validation (last {validation} training digits, not trained on)" if validation
+          else "held-out")
 
 
 def reasoning_accuracy(pipe, held_px: np.ndarray, labels: np.ndarray,
@@ -97,7 +111,8 @@ def evaluate_pipeline(pipe, samples_per_digit: int = 20, steps=None, cfg_scale=N
   if pipe.config.data.dataset != "digits":
     raise ValueError(f"mot.evaluate measures the digits protocol; this checkpoint was "
                      f"trained on config.data.dataset={pipe.config.data.dataset!r}")
-  clf, clf_acc, train_px, held_px, held_y = _judge()
+  validation = digits.validation_size(pipe.config.data)
+  clf, clf_acc, train_px, held_px, held_y = _judge(validation)
   start = time.perf_counter()
   shifts = pipe.default_reason_shifts if reason_shifts is None else reason_shifts
   reason_acc, answers = reasoning_accuracy(pipe, held_px, held_y, shifts)
@@ -114,6 +129,7 @@ def evaluate_pipeline(pipe, samples_per_digit: int = 20, steps=None, cfg_scale=N
   floor = eval_metrics.frechet_floor(train_px, held_px, n=len(gen_px), seed=seed)
   return {
       "step": pipe.step,
+      "split": _split_name(validation),
       "reasoning_accuracy": reason_acc,
       "reasoning_accuracy_single_view": single_acc,
       "generation_accuracy": gen_acc,
@@ -199,10 +215,11 @@ def motion_error(clips_px: np.ndarray, actions: np.ndarray) -> float:
   return float(np.mean(np.linalg.norm(measured - wanted, axis=-1)))
 
 
-def heldout_clips(num_frames: int, canvas: int, walk_prob: float = 0.0):
+def heldout_clips(num_frames: int, canvas: int, walk_prob: float = 0.0,
+                  validation: int = 0):
   """Clips of every held-out digit (clip i seeded by i; constant directions cycle
-  right/left/up/down) and their labels."""
-  held_x, held_y = digits.load_digits_split()[2:]
+  right/left/up/down) and their labels; validation > 0: of the validation digits."""
+  held_x, held_y = digits.load_digits_split(validation)[2:]
   clips = []
   for i, image in enumerate(held_x):
     rng = np.random.default_rng(i)
@@ -217,7 +234,8 @@ def heldout_clips(num_frames: int, canvas: int, walk_prob: float = 0.0):
 def evaluate_video(pipe, samples_per_digit: int = 20, steps=None, cfg_scale=None,
                    sampler=None, seed: int = 0) -> dict[str, Any]:
   """The video protocol (module docstring) for a moving-digits checkpoint."""
-  clf, clf_acc = _judge()[:2]
+  validation = digits.validation_size(pipe.config.data)
+  clf, clf_acc = _judge(validation)[:2]
   t, canvas = pipe.num_frames, pipe.image_size
   dirs = moving_digits.DIRECTION_NAMES
   seconds = {}
@@ -227,7 +245,7 @@ def evaluate_video(pipe, samples_per_digit: int = 20, steps=None, cfg_scale=None
 
   # ---- Video QA on every held-out digit. ----
   start = time.perf_counter()
-  clips, labels = heldout_clips(t, canvas)
+  clips, labels = heldout_clips(t, canvas, validation=validation)
   answers = pipe.reason(moving_digits.QUESTION, video=unit(clips))
   wanted = [moving_digits.answer(y, c.direction) for c, y in zip(clips, labels)]
   split = [(a.split(",")[0].strip(), a.split(",")[-1].strip()) for a in answers]
@@ -257,7 +275,7 @@ def evaluate_video(pipe, samples_per_digit: int = 20, steps=None, cfg_scale=None
 
   # ---- World model and inverse dynamics on held-out clips (half random walks). ----
   start = time.perf_counter()
-  wm_clips, wm_labels = heldout_clips(t, canvas, walk_prob=0.5)
+  wm_clips, wm_labels = heldout_clips(t, canvas, walk_prob=0.5, validation=validation)
   n_wm = min(len(wm_clips), 10 * samples_per_digit)
   wm_clips, wm_labels = wm_clips[:n_wm], wm_labels[:n_wm]
   wm_true = unit(wm_clips)
@@ -277,6 +295,7 @@ def evaluate_video(pipe, samples_per_digit: int = 20, steps=None, cfg_scale=None
 
   return {
       "step": pipe.step,
+      "split": _split_name(validation),
       "video": True,
       **qa,
       "identity_accuracy": float(np.mean(votes == gen_labels)),
@@ -352,19 +371,22 @@ def write_results(workdir: str, result: dict[str, Any]) -> dict[str, Any]:
 
 
 def format_result(r: dict[str, Any]) -> str:
+  """One line of the figures; a validation-split run says so up front."""
+  on = "" if r.get("split", "held-out") == "held-out" else " (validation split)"
   if r.get("video"):
-    return (f"step {r['step']}: video QA {100 * r['qa_accuracy']:.1f}% | identity "
+    return (f"step {r['step']}{on}: video QA {100 * r['qa_accuracy']:.1f}% | identity "
             f"{100 * r['identity_accuracy']:.1f}% (real clips "
             f"{100 * r['real_clip_identity_accuracy']:.1f}%) | motion error "
             f"{r['motion_error_px']:.2f} px | world model {r['world_model_com_error_px']:.2f}"
             f" px, identity {100 * r['world_model_identity_accuracy']:.1f}% | inverse "
             f"dynamics {r['inverse_dynamics_mae_px']:.2f} px")
+  where = "held-out" if r.get("split", "held-out") == "held-out" else "validation"
   single = r.get("reasoning_accuracy_single_view", r["reasoning_accuracy"])
   shifts = r.get("sampling", {}).get("reason_shifts", 0)
   view = f" ({shifts}-px shifts; single view {100 * single:.1f}%)" if shifts else ""
-  return (f"step {r['step']}: reasoning accuracy {100 * r['reasoning_accuracy']:.1f}%{view} | "
+  return (f"step {r['step']}{on}: reasoning accuracy {100 * r['reasoning_accuracy']:.1f}%{view} | "
           f"generation accuracy {100 * r['generation_accuracy']:.1f}% (judge: SVC, "
-          f"{100 * r['classifier_heldout_accuracy']:.1f}% on held-out) | Fréchet "
+          f"{100 * r['classifier_heldout_accuracy']:.1f}% on {where}) | Fréchet "
           f"{r['frechet']:.1f} vs floor {r['frechet_floor']:.1f} "
           f"({r['frechet_ratio']:.2f}x)")
 

@@ -464,7 +464,7 @@ def check_resumable(workdir: str, step: int, config) -> None:
     ours = json.loads(json.dumps(config[section].to_dict()))
     theirs = saved.get(section, {})
     defaults = json.loads(json.dumps(dataclasses.asdict(config_lib.ModelConfig()))) \
-        if section == "model" else {}
+        if section == "model" else {"validation_size": 0}
     # A field added to the code after the checkpoint was written matches when it keeps
     # its default (older checkpoints stay resumable).
     added_at_default = lambda k: k not in theirs and k in defaults and ours[k] == defaults[k]

@@ -48,6 +48,7 @@ def train_cases(workdir, a_file):
       "cutout as large as the image": [*TINY, *w, "--config.data.cutout_size=8"],
       "elastic distortion too strong": [*TINY, *w, "--config.data.elastic_alpha=3.0"],
       "reading window wider than the patch field": [*TINY, *w, "--config.data.read_window=4"],
+      "validation split larger than allowed": [*TINY, *w, "--config.data.validation_size=1500"],
       "unknown video layout": ["--config", "configs/moving_digits.py:tiny", *w,
                                "--config.data.video_layout=joint"],
       "unknown generation start": ["--config", "configs/moving_digits.py:tiny", *w,

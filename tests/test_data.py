@@ -479,6 +479,26 @@ def test_heldout_never_in_training_and_task_mix():
     assert abs(fractions[k] - w) < 0.08, fractions
 
 
+def test_validation_split_is_the_last_training_digits_and_never_trained_on():
+  train, train_labels, held, _ = digits.load_digits_split()
+  v_train, v_train_labels, v_held, v_held_labels = digits.load_digits_split(200)
+  np.testing.assert_array_equal(v_train, train[:1300])
+  np.testing.assert_array_equal(v_held, train[1300:])
+  np.testing.assert_array_equal(v_held_labels, train_labels[1300:])
+  assert v_train_labels.shape == (1300,)
+  cfg = data_config(shift_pixels=0, validation_size=200)
+  np.testing.assert_array_equal(pipeline.heldout_images(cfg), train[1300:])
+  batches = _take(iter(pipeline.make_train_dataset(cfg, seed=0, batch_size=25)), 4)
+  images, _ = _images_and_tasks(batches)
+  allowed = {x.tobytes() for x in v_train}
+  kept_out = {x.tobytes() for x in v_held} | {x.tobytes() for x in held}
+  assert images and all(x.astype(np.float32).tobytes() in allowed for x in images)
+  assert not any(x.astype(np.float32).tobytes() in kept_out for x in images)
+  for bad in (-1, 751, 2.5, True, "100"):
+    with pytest.raises(ValueError, match=r"config.data.validation_size=.* must be an integer"):
+      pipeline.make_train_dataset(data_config(validation_size=bad), 0, 2)
+
+
 def test_heldout_examples():
   cfg = data_config()
   examples = pipeline.heldout_examples(cfg, "reasoning")

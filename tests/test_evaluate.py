@@ -56,6 +56,27 @@ def test_untrained_model_scores_near_chance(workdir):
   assert len(answers) == 60 and accuracy < 0.5
 
 
+def test_validation_split_run_is_scored_on_its_validation_digits(tmp_path):
+  # data.validation_size: trained without the last 100 training digits, scored on them,
+  # judge included, and the record says so; the 297 held-out digits are not used.
+  from configs import digits as digits_config
+  from mot.data import digits
+  config = digits_config.get_config("tiny")
+  config.num_train_steps = 2
+  config.data.validation_size = 100
+  train_lib.train_and_evaluate(config, str(tmp_path))
+  pipe = Pipeline.from_workdir(str(tmp_path))
+  result = evaluate.evaluate_pipeline(pipe, samples_per_digit=1, steps=2, reason_shifts=0)
+  assert result["split"].startswith("validation (last 100 training digits")
+  held_x, held_y = digits.load_digits_split(100)[2:]
+  clf = evaluate._judge(100)[0]
+  expected_judge = np.mean(clf.predict(digits.to_pixels(held_x).reshape(100, -1)) == held_y)
+  assert result["classifier_heldout_accuracy"] == expected_judge
+  assert all(m["index"] < 100 for m in result["reasoning_misread"])
+  assert len(result["reasoning_misread"]) == round((1 - result["reasoning_accuracy"]) * 100)
+  assert "(validation split)" in evaluate.format_result(result)
+
+
 def run_cli(*args):
   return subprocess.run([sys.executable, "-m", "mot.evaluate", *args], cwd=ROOT,
                         capture_output=True, text=True, timeout=300)

@@ -105,3 +105,21 @@ def test_label_smoothing_changes_the_objective_not_the_logged_ar_loss(tiny_confi
   (total0, m0), (total2, m2) = out[0.0], out[0.2]
   np.testing.assert_allclose(m0["ar_loss"], m2["ar_loss"], rtol=1e-6)
   assert abs(float(total2) - float(total0)) > 1e-4
+
+
+def test_resume_check_takes_a_missing_validation_size_as_0_and_refuses_another(tmp_path):
+  # A checkpoint written before data.validation_size existed trained on all 1,500 digits,
+  # i.e. validation_size 0: it resumes. One trained with another split is refused.
+  import pytest
+  from configs import digits
+  from mot import checkpoint as ckpt_lib
+  config = digits.get_config("tiny")
+  meta = tmp_path / "checkpoints" / "5" / "config" / "metadata"
+  meta.parent.mkdir(parents=True)
+  saved = json.loads(json.dumps(config.to_dict()))
+  del saved["data"]["validation_size"]
+  meta.write_text(json.dumps(saved))
+  train_lib.check_resumable(str(tmp_path), 5, config)
+  config.data.validation_size = 100
+  with pytest.raises(ckpt_lib.CheckpointError, match=r"config.data fields \(validation_size\)"):
+    train_lib.check_resumable(str(tmp_path), 5, config)

@@ -269,6 +269,8 @@ def _bad_inputs(tmp, folder):
                       r"task 'interleaved' needs digit labels"),
       "patch size": (folder, {"image_size": 9}, r"patch_size=2 must divide the 9x9"),
       "resize": (folder, {"resize": "zoom"}, r"config.data.resize='zoom' is unknown"),
+      "validation split": (folder, {"validation_size": 10}, r"validation_size applies to "
+                                                           r"the bundled digits.*num_heldout"),
   }
 
 
@@ -280,7 +282,7 @@ def bad_inputs(tmp_path, folder):
 BAD_NAMES = ["empty path", "no such path", "empty folder", "folder without captions",
              "no pairs", "bad json", "missing field", "not an object", "caption not str",
              "missing image", "not an image", "one pair", "no shard", "not array record",
-             "foreign record", "interleaved", "patch size", "resize"]
+             "foreign record", "interleaved", "patch size", "resize", "validation split"]
 
 
 @pytest.mark.parametrize("name", BAD_NAMES)

@@ -2,7 +2,9 @@
 
 It ships with scikit-learn, so the default run needs no download. The split is fixed by
 the order `load_digits` returns: the first 1,500 images train, the last 297 are held
-out and never trained on. Pixels are scaled from 0..16 to [-1, 1], a range that suits
+out and never trained on. For tuning, `validation` > 0 keeps the last that many of the
+1,500 out of training and puts them where the held-out digits were, so settings are chosen
+without reading the 297. Pixels are scaled from 0..16 to [-1, 1], a range that suits
 rectified-flow targets against unit-variance noise.
 """
 from __future__ import annotations
@@ -16,18 +18,42 @@ MAX_PIXEL = 16.0
 BACKGROUND = -1.0  # A blank (value 0) pixel after scaling.
 
 
-@functools.lru_cache(maxsize=1)
-def load_digits_split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+MAX_VALIDATION = 750  # at most half the training images become the validation split
+
+
+def check_validation_size(validation: object) -> int:
+  """`validation` as an int in [0, MAX_VALIDATION], or a ValueError naming the fix."""
+  if (isinstance(validation, bool) or not isinstance(validation, (int, np.integer))
+      or not 0 <= validation <= MAX_VALIDATION):
+    raise ValueError(f"config.data.validation_size={validation!r} must be an integer in "
+                     f"[0, {MAX_VALIDATION}]: 0 evaluates on the held-out digits, N > 0 "
+                     "trains without the last N training digits and evaluates on them")
+  return int(validation)
+
+
+def validation_size(data_config) -> int:
+  """config.data.validation_size (0 where the config predates the field), checked."""
+  return check_validation_size(data_config.get("validation_size", 0))
+
+
+@functools.lru_cache(maxsize=4)
+def load_digits_split(validation: int = 0
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
   """(train_images float32 [1500, 8, 8], train_labels int64 [1500],
   heldout_images float32 [297, 8, 8], heldout_labels int64 [297]), pixels in [-1, 1].
 
+  validation > 0: (the first 1500 - validation training images and labels, the last
+  `validation` of them) instead; the 297 held-out digits are then not returned at all.
   Cached and read-only, because every caller shares the same arrays.
   """
+  validation = check_validation_size(validation)
   from sklearn import datasets  # pylint: disable=g-import-not-at-top  (slow import)
   digits = datasets.load_digits()
   images = (digits.images / (MAX_PIXEL / 2) - 1).astype(np.float32)
   labels = digits.target.astype(np.int64)
-  out = (images[:NUM_TRAIN], labels[:NUM_TRAIN], images[NUM_TRAIN:], labels[NUM_TRAIN:])
+  cut = NUM_TRAIN - validation
+  stop = NUM_TRAIN if validation else len(images)
+  out = (images[:cut], labels[:cut], images[cut:stop], labels[cut:stop])
   for x in out:
     x.setflags(write=False)
   return out

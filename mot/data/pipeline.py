@@ -133,6 +133,10 @@ def validate(data_config: Any, task_names: tuple[str, ...] | None = None) -> tas
   dataset = data_config.dataset
   if dataset not in DATASETS:
     raise ValueError(f"config.data.dataset={dataset!r} is unknown; known: {DATASETS}")
+  if digits.validation_size(data_config) and dataset not in DIGIT_DATASETS:
+    raise ValueError(f"config.data.validation_size applies to the bundled digits; "
+                     f"dataset={dataset!r} holds out its own pairs: set config.data."
+                     "num_heldout instead and leave validation_size at 0")
   p, patch_dim = int(data_config.patch_size), int(data_config.patch_dim)
   if dataset == "moving_digits":
     size = int(data_config.get("canvas_size", moving_digits.CANVAS))
@@ -312,7 +316,8 @@ def _build_fn(data_config: Any):
 def _split_pairs(data_config: Any, heldout: bool):
   """pairs[i] -> (image [H, W], label or caption) of the train or held-out split."""
   if data_config.dataset in DIGIT_DATASETS:  # moving digits: clips of the same digits
-    train_x, train_y, held_x, held_y = digits.load_digits_split()
+    train_x, train_y, held_x, held_y = digits.load_digits_split(
+        digits.validation_size(data_config))
     return _ArrayPairs(held_x, held_y) if heldout else _ArrayPairs(train_x, train_y)
   if data_config.dataset in DATASETS:
     split = user_data.open_user_data(data_config)
