@@ -4,8 +4,10 @@ No timing is asserted: the figures depend on the machine and its load.
 """
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import chex
 import numpy as np
@@ -161,3 +163,103 @@ def test_peer_ratio_fails_in_one_line_without_the_peer(tmp_path):
     raise AssertionError("a peer that exits 1 must raise BenchError")
   assert peer_ratio.last_json_line('x\n{"a": 1}\nnot json\n') == {"a": 1}
   assert peer_ratio.last_json_line("[1, 2]\n") is None
+
+
+FAKE_TRAIN = r'''
+import json, os, sys, time
+args = sys.argv[1:]
+workdir = args[args.index("--workdir") + 1]
+seed = int(next(a for a in args if a.startswith("--config.seed=")).split("=")[1])
+if "--fail" in args:
+  sys.exit("ValueError: config.bad=1 is not a field")
+if "--slow" in args:  # as train.py: SIGTERM -> save a checkpoint, stop, exit 0
+  import signal
+  def stop(*_):
+    open(os.path.join(workdir, "stopped.txt"), "w").write("SIGTERM")
+    sys.exit(0)
+  signal.signal(signal.SIGTERM, stop)
+  open(os.path.join(workdir, "started.txt"), "w").write("started")
+  time.sleep(120)
+with open(os.path.join(workdir, "runs.txt"), "a") as f:
+  f.write("ran\n")
+reading = 0.97 + 0.01 * seed + (0.005 if "--better" in args else 0)
+misread = [{"index": i, "label": 3, "answer": "5"} for i in ([5, 7] if seed else [5])]
+record = {"step": 4, "split": "held-out", "reasoning_accuracy": reading,
+          "reasoning_accuracy_single_view": reading - 0.03, "generation_accuracy": 0.99,
+          "frechet_ratio": 0.9, "frechet": 120.0, "frechet_floor": 133.3,
+          "reasoning_misread": misread}
+with open(os.path.join(workdir, "eval.json"), "w") as f:
+  json.dump({"latest": record, "evaluations": [record]}, f)
+'''
+
+
+def _sweep(tmp_path, *args):
+  return subprocess.run(
+      [sys.executable, "-m", "bench.seed_sweep", "--workdir", str(tmp_path / "sweep"),
+       "--train_script", str(tmp_path / "fake_train.py"), *args],
+      cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_seed_sweep_runs_every_setting_and_seed_and_summarises_across_seeds(tmp_path):
+  """The trainer is a stand-in (real runs take minutes): the bench's own work is running
+  each (setting, seed) once with the right flags, the arithmetic, and resuming."""
+  (tmp_path / "fake_train.py").write_text(FAKE_TRAIN)
+  settings = ["--setting", "default=", "--setting", "better=--better", "--seeds", "0,1,2",
+              "--parallel", "2"]
+  proc = _sweep(tmp_path, *settings)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert [(r["setting"], r["seed"]) for r in result["runs"]] == [
+      (n, s) for n in ("default", "better") for s in (0, 1, 2)]
+  default, better = result["summary"]["default"], result["summary"]["better"]
+  np.testing.assert_allclose(default["reasoning_accuracy"]["per_seed"], [0.97, 0.98, 0.99])
+  np.testing.assert_allclose(default["reasoning_accuracy"]["mean"], 0.98)
+  np.testing.assert_allclose(better["reasoning_accuracy"]["mean"], 0.985)
+  assert default["meets_targets"] == 2 and better["meets_targets"] == 2
+  assert default["misread_by_every_seed"] == [5]
+  assert "all three targets met by 2 of 3" in proc.stdout
+  proc = _sweep(tmp_path, *settings, "--seeds", "0,1,2,3")  # resumes: only seed 3 runs
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.count("(finished earlier)") == 6
+  for name in ("default", "better"):
+    for seed in range(4):
+      runs = (tmp_path / "sweep" / name / f"seed_{seed}" / "runs.txt").read_text()
+      assert runs == "ran\n", (name, seed)
+
+
+def test_seed_sweep_reports_a_failing_run_and_bad_flags_in_one_line(tmp_path):
+  (tmp_path / "fake_train.py").write_text(FAKE_TRAIN)
+  proc = _sweep(tmp_path, "--setting", "default=", "--setting", "broken=--fail",
+                "--seeds", "0")
+  assert proc.returncode == 1 and "Traceback" not in proc.stderr
+  assert "1 of 2 runs failed" in proc.stderr and "config.bad=1" in proc.stderr, proc.stderr
+  assert proc.stderr.strip().count("\n") == 0
+  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert result["summary"]["default"]["meets_targets"] == 0  # 97 % at seed 0
+  assert result["summary"]["broken"]["failed"] == 1
+  for bad, words in ((["--seeds", "0,0"], "--seeds"), (["--setting", "a b="], "NAME=ARGS"),
+                     (["--setting", "x=--config.seed='1"], "quotes")):
+    proc = _sweep(tmp_path, *bad)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert words in proc.stderr, proc.stderr
+
+
+def test_seed_sweep_passes_sigterm_to_its_runs_and_says_how_to_resume(tmp_path):
+  (tmp_path / "fake_train.py").write_text(FAKE_TRAIN)
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "bench.seed_sweep", "--workdir", str(tmp_path / "sweep"),
+       "--train_script", str(tmp_path / "fake_train.py"), "--setting", "slow=--slow",
+       "--seeds", "0,1,2", "--parallel", "2"],
+      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  started = [tmp_path / "sweep" / "slow" / f"seed_{s}" / "started.txt" for s in (0, 1)]
+  deadline = time.time() + 120
+  while not all(p.exists() for p in started) and time.time() < deadline:
+    time.sleep(0.2)
+  proc.send_signal(signal.SIGTERM)
+  stdout, stderr = proc.communicate(timeout=120)
+  assert proc.returncode == 1 and "Traceback" not in stderr, stderr
+  assert "stopped by SIGTERM: 0 of 3 runs finished" in stderr and "resume" in stderr, stderr
+  for seed in (0, 1):  # both running trainers were told to stop (and save)
+    assert (tmp_path / "sweep" / "slow" / f"seed_{seed}" / "stopped.txt").exists()
+  assert not (tmp_path / "sweep" / "slow" / "seed_2" / "started.txt").exists()
+  assert json.loads(stdout.strip().splitlines()[-1])["summary"]["slow"]["failed"] == 3
