@@ -558,12 +558,14 @@ def train_and_evaluate(config, workdir: str) -> TrainState:
           history, interval_start, timed_steps = [], time.perf_counter(), 0
           log_start = interval_start
         bar.update(1)
-        if step % config.eval_every_steps == 0 or step == config.num_train_steps:
-          evaluate_heldout(config, state, p_eval_step, eval_rng, mesh, log, step)
+        # Save before evaluating: an evaluation that fails (or is killed) at the last step
+        # must not cost the steps since the previous checkpoint.
         if (step % config.checkpoint_every_steps == 0 or step == config.num_train_steps
             or stop.signal_name):
           check_nonfinite(metrics, config, step)
           save(step, force=bool(stop.signal_name))
+        if step % config.eval_every_steps == 0 or step == config.num_train_steps:
+          evaluate_heldout(config, state, p_eval_step, eval_rng, mesh, log, step)
         if stop.signal_name:
           logging.warning("%s: saved a checkpoint at step %d in %s; run the same command to "
                           "resume", stop.signal_name, step, workdir)

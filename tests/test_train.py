@@ -123,3 +123,21 @@ def test_resume_check_takes_a_missing_validation_size_as_0_and_refuses_another(t
   config.data.validation_size = 100
   with pytest.raises(ckpt_lib.CheckpointError, match=r"config.data fields \(validation_size\)"):
     train_lib.check_resumable(str(tmp_path), 5, config)
+
+
+def test_a_failing_evaluation_at_the_last_step_keeps_that_steps_checkpoint(tiny_config, tmp_path,
+                                                                          monkeypatch):
+  # The checkpoint is written before the evaluation at the same step: a crash in the
+  # evaluation (here a stand-in error) must not cost the steps since the previous save.
+  import pytest
+  from mot import checkpoint as ckpt_lib, evaluate
+  def broken(*args, **kwargs):
+    raise RuntimeError("evaluation broke")
+  monkeypatch.setattr(evaluate, "evaluate_pipeline", broken)
+  tiny_config.num_train_steps = 3
+  tiny_config.checkpoint_every_steps = 100
+  tiny_config.eval_every_steps = 100
+  tiny_config.eval_samples_per_digit = 1
+  with pytest.raises(RuntimeError, match="evaluation broke"):
+    train_lib.train_and_evaluate(tiny_config, str(tmp_path))
+  assert ckpt_lib.available_steps(str(tmp_path)) == [3]
