@@ -531,6 +531,11 @@ def train_and_evaluate(config, workdir: str) -> TrainState:
   previous_metrics = None
   try:
     with jax.set_mesh(mesh), StopRequest() as stop:
+      if start_step >= config.num_train_steps and final_evaluation_missing(config, workdir,
+                                                                          start_step):
+        logging.info("Step %d was saved but its evaluation did not finish: evaluating now",
+                     start_step)
+        evaluate_heldout(config, state, p_eval_step, eval_rng, mesh, log, start_step)
       for step in range(start_step + 1, config.num_train_steps + 1):
         local = next(data_iter)
         state, metrics = p_train_step(
@@ -616,6 +621,21 @@ def evaluate_heldout(config, state, p_eval_step, rng, mesh, log, step) -> dict:
   record.update(evaluate_protocol(config, state, log, step))
   log.write(record)
   return record
+
+
+def final_evaluation_missing(config, workdir: str, step: int) -> bool:
+  """Whether a run that has nothing left to train still owes its last evaluation: on, and
+  DIR/eval.json holds no record of `step` (the evaluation failed or was killed after the
+  checkpoint was saved)."""
+  if (not config.eval_samples_per_digit
+      or config.data.dataset not in pipeline.DIGIT_DATASETS or jax.process_count() > 1):
+    return False
+  from mot import evaluate  # pylint: disable=g-import-not-at-top
+  try:
+    with open(os.path.join(workdir, evaluate.EVAL_FILE)) as f:
+      return all(r.get("step") != step for r in json.load(f)["evaluations"])
+  except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    return True
 
 
 def evaluate_protocol(config, state, log, step) -> dict:

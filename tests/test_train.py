@@ -125,8 +125,8 @@ def test_resume_check_takes_a_missing_validation_size_as_0_and_refuses_another(t
     train_lib.check_resumable(str(tmp_path), 5, config)
 
 
-def test_a_failing_evaluation_at_the_last_step_keeps_that_steps_checkpoint(tiny_config, tmp_path,
-                                                                          monkeypatch):
+def test_a_failed_last_evaluation_keeps_its_checkpoint_and_a_rerun_evaluates(
+    tiny_config, tmp_path, monkeypatch):
   # The checkpoint is written before the evaluation at the same step: a crash in the
   # evaluation (here a stand-in error) must not cost the steps since the previous save.
   import pytest
@@ -140,4 +140,12 @@ def test_a_failing_evaluation_at_the_last_step_keeps_that_steps_checkpoint(tiny_
   tiny_config.eval_samples_per_digit = 1
   with pytest.raises(RuntimeError, match="evaluation broke"):
     train_lib.train_and_evaluate(tiny_config, str(tmp_path))
+  assert ckpt_lib.available_steps(str(tmp_path)) == [3]
+  assert train_lib.final_evaluation_missing(tiny_config, str(tmp_path), 3)
+  # Rerunning the same command trains nothing and evaluates the saved last step.
+  monkeypatch.undo()
+  train_lib.train_and_evaluate(tiny_config, str(tmp_path))
+  with open(tmp_path / "eval.json") as f:
+    assert [r["step"] for r in json.load(f)["evaluations"]] == [3]
+  assert not train_lib.final_evaluation_missing(tiny_config, str(tmp_path), 3)
   assert ckpt_lib.available_steps(str(tmp_path)) == [3]
