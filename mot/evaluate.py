@@ -329,6 +329,17 @@ def _save_grid_gif(path: str, clips: np.ndarray) -> None:
                            for f in range(clips.shape[1])]), scale=8)
 
 
+def read_evaluations(workdir: str) -> list[dict[str, Any]]:
+  """The records of DIR/eval.json, oldest first; [] when it is missing or damaged (a
+  damaged file is replaced by the next write, not trusted)."""
+  try:
+    with open(os.path.join(workdir, EVAL_FILE)) as f:
+      history = json.load(f)["evaluations"]
+  except (OSError, ValueError, KeyError, TypeError):
+    return []
+  return [h for h in history if isinstance(h, dict)] if isinstance(history, list) else []
+
+
 def write_results(workdir: str, result: dict[str, Any]) -> dict[str, Any]:
   """Appends the record to DIR/eval.json and writes the sample grid; returns the record."""
   from mot.pipeline import grid, save_png  # pylint: disable=g-import-not-at-top
@@ -354,14 +365,8 @@ def write_results(workdir: str, result: dict[str, Any]) -> dict[str, Any]:
   save_png(grid_path, grid_image)
   result["grid"] = grid_path
   path = os.path.join(workdir, EVAL_FILE)
-  history = []
-  if os.path.exists(path):
-    try:
-      with open(path) as f:
-        history = json.load(f)["evaluations"]
-    except (ValueError, KeyError, TypeError):
-      history = []  # a damaged file is replaced, not trusted
-  history = [h for h in history if h.get("step") != result["step"]] + [result]
+  history = [h for h in read_evaluations(workdir) if h.get("step") != result["step"]]
+  history.append(result)
   tmp = path + ".tmp"
   with open(tmp, "w") as f:
     json.dump({"latest": result, "evaluations": history}, f, indent=1)

@@ -627,22 +627,22 @@ def final_evaluation_missing(config, workdir: str, step: int) -> bool:
   """Whether a run that has nothing left to train still owes its last evaluation: on, and
   DIR/eval.json holds no record of `step` (the evaluation failed or was killed after the
   checkpoint was saved)."""
-  if (not config.eval_samples_per_digit
-      or config.data.dataset not in pipeline.DIGIT_DATASETS or jax.process_count() > 1):
+  if not protocol_enabled(config) or jax.process_count() > 1:
     return False
   from mot import evaluate  # pylint: disable=g-import-not-at-top
-  try:
-    with open(os.path.join(workdir, evaluate.EVAL_FILE)) as f:
-      return all(r.get("step") != step for r in json.load(f)["evaluations"])
-  except (OSError, ValueError, KeyError, TypeError, AttributeError):
-    return True
+  return all(r.get("step") != step for r in evaluate.read_evaluations(workdir))
+
+
+def protocol_enabled(config) -> bool:
+  """Whether evaluations include the sampling protocol (mot.evaluate): on for the digit
+  data sets when config.eval_samples_per_digit > 0."""
+  return bool(config.eval_samples_per_digit) and config.data.dataset in pipeline.DIGIT_DATASETS
 
 
 def evaluate_protocol(config, state, log, step) -> dict:
   """Reasoning / generation accuracy and Fréchet distance (mot.evaluate) of the EMA
   parameters; DIR/eval.json and a sample grid. Off when eval_samples_per_digit is 0."""
-  if (not config.eval_samples_per_digit
-      or config.data.dataset not in pipeline.DIGIT_DATASETS):
+  if not protocol_enabled(config):
     return {}
   if jax.process_count() > 1:
     logging.warning("Skipping the sampling evaluation in a multi-process run: run "
