@@ -108,3 +108,13 @@ def test_diffusion_classifier_bench_reads_with_the_dm_head(workdir):
                         str(workdir / "missing")], cwd=ROOT, capture_output=True, text=True,
                        timeout=300)
   assert bad.returncode != 0 and "Traceback" not in bad.stderr
+
+
+def test_read_evaluations_trusts_only_a_well_formed_eval_json(tmp_path):
+  assert evaluate.read_evaluations(str(tmp_path)) == []  # missing
+  path = tmp_path / evaluate.EVAL_FILE
+  for damaged in ("{not json", '{"latest": {}}', '{"evaluations": 3}', "[1, 2]"):
+    path.write_text(damaged)
+    assert evaluate.read_evaluations(str(tmp_path)) == [], damaged
+  path.write_text(json.dumps({"evaluations": [{"step": 4}, "junk", {"step": 8}]}))
+  assert evaluate.read_evaluations(str(tmp_path)) == [{"step": 4}, {"step": 8}]
