@@ -10,11 +10,15 @@ trace back in this process
 name starts with "tf_XLA" and not "tf_XLAPjRt") run the compiled program's ops; their time
 per step is summed by op kind: the op's name without its numeric suffix
 ("ynn_fusion.14" -> "ynn_fusion": XLA:CPU's YNNPACK matmul fusions; "copy_bitcast_fusion":
-transposed copies; ...). Prints a short table, then one JSON line: wall ms per step, XLA
-thread ms per step, the busy fraction (thread time / (threads x wall)), and the `--top`
-op kinds with their ms per step and share of the thread time. The trace directory is kept
+transposed copies; ...). Beside each kind's time it gives its time "alone": while no other
+worker thread ran any op, i.e. the serial part where the other cores wait (on a 2-core CPU a
+matmul that runs on one thread with nothing else ready is where a step loses its second
+core). Prints a short table, then one JSON line: wall ms per step, XLA thread ms per step,
+the busy fraction (thread time / (threads x wall)), the alone ms per step, and the `--top`
+op kinds with their ms per step, share of the thread time and alone ms. The trace directory is kept
 (`--trace_dir`) for TensorBoard / Perfetto.
 """
+import bisect
 import collections
 import json
 import os
@@ -59,10 +63,13 @@ WRAPPERS = ("ThunkExecutor::Execute", "SlinkyThreadPool::Await")
 CONTROL_FLOW = ("while", "conditional", "call")
 
 
-def op_times(xplane_path: str) -> tuple[dict[str, float], int]:
-  """Total ns per op kind over XLA's worker threads, and how many such threads ran."""
+Interval = tuple[int, int, str]   # (start ns, end ns, op kind) of one op on one thread
+
+
+def worker_ops(xplane_path: str) -> dict[tuple[str, str], list[Interval]]:
+  """The ops each of XLA's worker threads ran, by (plane, thread), sorted by start."""
   profile = jax.profiler.ProfileData.from_file(xplane_path)
-  totals, threads = collections.Counter(), set()
+  ops = collections.defaultdict(list)
   for plane in profile.planes:
     for line in plane.lines:
       if not is_xla_worker(line.name):
@@ -70,9 +77,47 @@ def op_times(xplane_path: str) -> tuple[dict[str, float], int]:
       for event in line.events:
         if event.name.startswith(WRAPPERS) or op_kind(event.name) in CONTROL_FLOW:
           continue
-        threads.add((plane.name, line.name))
-        totals[op_kind(event.name)] += event.duration_ns
-  return dict(totals), len(threads)
+        ops[(plane.name, line.name)].append(
+            (event.start_ns, event.start_ns + event.duration_ns, op_kind(event.name)))
+  return {thread: sorted(events) for thread, events in ops.items()}
+
+
+def op_times(ops: dict[object, list[Interval]]) -> dict[str, float]:
+  """Total ns per op kind over all threads."""
+  totals = collections.Counter()
+  for events in ops.values():
+    for start, end, kind in events:
+      totals[kind] += end - start
+  return dict(totals)
+
+
+def _union(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+  merged = []
+  for start, end in sorted(intervals):
+    if merged and start <= merged[-1][1]:
+      merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+    else:
+      merged.append((start, end))
+  return merged
+
+
+def alone_times(ops: dict[object, list[Interval]]) -> dict[str, float]:
+  """ns per op kind during which no other thread ran any op: the serial part of the step,
+  where the other cores wait (e.g. a matmul that runs on one thread while nothing else is
+  ready). With one thread every op runs alone."""
+  alone = collections.Counter()
+  for thread, events in ops.items():
+    others = _union([(s, e) for other, evs in ops.items() if other != thread
+                     for s, e, _ in evs])
+    starts = [s for s, _ in others]
+    for start, end, kind in events:
+      busy = 0
+      i = max(bisect.bisect_right(starts, start) - 1, 0)
+      while i < len(others) and others[i][0] < end:
+        busy += max(0, min(end, others[i][1]) - max(start, others[i][0]))
+        i += 1
+      alone[kind] += (end - start) - busy
+  return dict(alone)
 
 
 def main(argv):
@@ -111,20 +156,26 @@ def profile_step() -> None:
   if not paths:
     cli.fail(f"jax.profiler wrote no .xplane.pb under {trace_dir}: is the profiler "
              "plugin of this jaxlib working? (see jax.profiler's docs)")
-  totals, threads = op_times(paths[-1])
-  per_step = {k: v / 1e6 / FLAGS.steps for k, v in totals.items()}
+  ops = worker_ops(paths[-1])
+  threads = len(ops)
+  per_step = {k: v / 1e6 / FLAGS.steps for k, v in op_times(ops).items()}
+  alone = {k: v / 1e6 / FLAGS.steps for k, v in alone_times(ops).items()}
   thread_ms = sum(per_step.values())
+  alone_ms = sum(alone.values())
   wall_ms = 1e3 * wall_s / FLAGS.steps
   top = sorted(per_step.items(), key=lambda kv: -kv[1])[:FLAGS.top]
+  print("  ms/step  share  alone  op kind   (alone: ms/step no other thread ran anything)")
   for kind, ms in top:
-    print(f"{ms:9.1f} ms/step  {100 * ms / max(thread_ms, 1e-9):5.1f} %  {kind}")
+    print(f"{ms:9.1f} {100 * ms / max(thread_ms, 1e-9):5.1f} % {alone[kind]:6.1f}  {kind}")
   print(json.dumps({
       "bench": "profile_step", "config": config.variant, "backend": jax.default_backend(),
       "steps": FLAGS.steps, "wall_ms_per_step": round(wall_ms, 2),
       "xla_thread_ms_per_step": round(thread_ms, 2), "xla_threads": threads,
       "busy_fraction": round(thread_ms / max(threads * wall_ms, 1e-9), 3),
+      "alone_ms_per_step": round(alone_ms, 2),
       "top_ops": [{"op": k, "ms_per_step": round(ms, 2),
-                   "share": round(ms / max(thread_ms, 1e-9), 3)} for k, ms in top],
+                   "share": round(ms / max(thread_ms, 1e-9), 3),
+                   "alone_ms_per_step": round(alone[k], 2)} for k, ms in top],
       "trace_dir": trace_dir, "loadavg": [round(x, 2) for x in os.getloadavg()]}))
 
 

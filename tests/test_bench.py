@@ -104,8 +104,22 @@ def test_profile_step_bench_groups_the_traced_step_by_op_kind(tmp_path):
   shares = [op["share"] for op in result["top_ops"]]
   assert shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 1.0 + 1e-6
   assert 0 < result["busy_fraction"]
+  assert all(0 <= op["alone_ms_per_step"] <= op["ms_per_step"] + 1e-6 for op in result["top_ops"])
+  assert 0 <= result["alone_ms_per_step"] <= result["xla_thread_ms_per_step"] + 1e-6
   assert not any(op["op"] in ("while", "ThunkExecutor::Execute") for op in result["top_ops"])
   assert any(name.endswith(".xplane.pb") for _, _, files in os.walk(tmp_path) for name in files)
+
+
+def test_profile_step_alone_time_is_what_no_other_thread_overlaps():
+  """Two threads: a runs a matmul 0-10 and a copy 20-30; b runs an add 5-8 and a reduce
+  8-25, so b is busy 5-25 without a gap. The matmul is alone 0-5, the copy 25-30; the add
+  lies inside the matmul (alone 0), the reduce is alone 10-20. One thread: always alone."""
+  from bench import profile_step
+  ops = {"a": [(0, 10, "matmul"), (20, 30, "copy")],
+         "b": [(5, 8, "add"), (8, 25, "reduce")]}
+  assert profile_step.op_times(ops) == {"matmul": 10, "copy": 10, "add": 3, "reduce": 17}
+  assert profile_step.alone_times(ops) == {"matmul": 5, "copy": 5, "add": 0, "reduce": 10}
+  assert profile_step.alone_times({"only": [(0, 4, "x"), (6, 7, "x")]}) == {"x": 5}
 
 
 FAKE_PEER = """import json, sys
