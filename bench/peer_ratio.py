@@ -3,6 +3,7 @@
   bash bench/peer_setup.sh                       # once: the peer's venv in /tmp/peer
   python -m bench.peer_ratio                     # 3 pairs, configs/bench.py:peer vs the peer
   python -m bench.peer_ratio --pairs 5 --steps 30
+  python -m bench.peer_ratio --cpus 0            # both sides on one core: the per-core ratio
   python -m bench.peer_ratio --mot_args=--config.model.dtype=bfloat16 \
       --peer_python=python3 --peer_args="--device cuda --warmup 5"   # on a GPU machine
 
@@ -28,8 +29,12 @@ Per pair it prints both figures and their ratios; then one JSON line:
                        peer's are counted as 48 (32 text + 16 image), so the tokens/s ratio
                        is the lower, more conservative one of the two.
   mot, peer            per pair: tokens_per_s, step_ms, step_ms_p10 (and mot's mfu,
-                       peak_flops_per_s).
+                       peak_flops_per_s, cpus; the peer's threads).
   cpu, loadavg_start/end   which machine, and how busy it was.
+  cpus                 the CPUs both sides were pinned to (--cpus), or "all".
+
+`--cpus 0` runs both sides on one core: the per-core ratio. Beside the all-core ratio it
+says whether a gap comes from how each side scales over cores or from its per-core speed.
 
 The figures depend on the machine (README, Performance); no test asserts them.
 """
@@ -63,6 +68,8 @@ def define_flags() -> None:
                       "script (relative paths: from the repository root).")
   flags.DEFINE_string("peer_args", "", "More arguments for the peer's script, e.g. "
                       "'--device cuda'.")
+  flags.DEFINE_string("cpus", "", "Run both sides on these CPUs only (their affinity, "
+                      "as `taskset -c`): e.g. '0' for one core, '0-3' or '0,2'. Empty: all.")
   flags.DEFINE_integer("timeout", 1800, "Seconds allowed for each run.")
 
 
@@ -136,8 +143,8 @@ def summarise(pairs: list[dict]) -> dict:
   # Tokens/s of each run's fastest tenth of steps: tokens per step / step_ms_p10.
   fast = lambda r: r["tokens_per_s"] * r["step_ms"] / r["step_ms_p10"]
   fast_ratios = [fast(p["mot"]) / fast(p["peer"]) for p in pairs]
-  keep = {"mot": ("tokens_per_s", "step_ms", "step_ms_p10", "mfu", "peak_flops_per_s"),
-          "peer": ("tokens_per_s", "step_ms", "step_ms_p10")}
+  keep = {"mot": ("tokens_per_s", "step_ms", "step_ms_p10", "mfu", "peak_flops_per_s", "cpus"),
+          "peer": ("tokens_per_s", "step_ms", "step_ms_p10", "threads")}
   return {
       "bench": "peer_ratio", "pairs": len(pairs), "steps": FLAGS.steps,
       "mot_config": FLAGS.mot_config, "mot_args": FLAGS.mot_args, "peer_args": FLAGS.peer_args,
@@ -155,9 +162,41 @@ def summarise(pairs: list[dict]) -> dict:
   }
 
 
+def parse_cpus(spec: str) -> set[int]:
+  """'0' / '0,2' / '0-3' (taskset -c's list syntax) -> {0} / {0, 2} / {0, 1, 2, 3}."""
+  cpus = set()
+  try:
+    for part in spec.split(","):
+      first, _, last = part.strip().partition("-")
+      cpus.update(range(int(first), int(last or first) + 1))
+  except ValueError:
+    raise BenchError(f"--cpus={spec!r} is not a CPU list: write e.g. 0 or 0,2 or 0-3") from None
+  if not cpus:
+    raise BenchError(f"--cpus={spec!r} names no CPU: write e.g. 0 or 0-3")
+  return cpus
+
+
+def pin_to_cpus(spec: str) -> list[int]:
+  """Pins this process, and so both benchmark subprocesses it starts, to the CPUs in spec.
+
+  Why: how a step scales from one core to all is a property of each side that the ratio on
+  all cores mixes in; `--cpus 0` measures the per-core ratio, free of it. The subprocesses
+  inherit the affinity; XLA and torch both size their thread pools by it."""
+  cpus = parse_cpus(spec)
+  if not hasattr(os, "sched_setaffinity"):
+    raise BenchError("--cpus needs an OS with CPU affinity (Linux); leave it empty here")
+  try:
+    os.sched_setaffinity(0, cpus)
+  except (OSError, ValueError) as e:
+    raise BenchError(f"--cpus={spec!r}: cannot run on CPUs {sorted(cpus)} ({e}); this "
+                     f"process may use {sorted(os.sched_getaffinity(0))}") from None
+  return sorted(os.sched_getaffinity(0))
+
+
 def measure() -> dict:
   if FLAGS.pairs < 1 or FLAGS.steps < 1:
     raise BenchError("--pairs and --steps must be at least 1")
+  cpus = pin_to_cpus(FLAGS.cpus) if FLAGS.cpus else None
   if os.sep in FLAGS.peer_python and not os.path.exists(FLAGS.peer_python):
     raise BenchError(f"the peer's interpreter {FLAGS.peer_python} does not exist; "
                      + SETUP_HINT)
@@ -175,6 +214,7 @@ def measure() -> dict:
           f"tokens/s, {peer['step_ms'] / mot['step_ms']:.2f}x steps", flush=True)
     pairs.append(pair)
   result = summarise(pairs)
+  result["cpus"] = cpus if cpus is not None else "all"
   result["loadavg_start"] = [round(x, 2) for x in loadavg_start]
   result["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
   return result
@@ -191,7 +231,7 @@ def main(argv):
   print(f"mot / peer: {result['tokens_per_s_ratio']:.2f}x tokens/s (median of "
         f"{result['pairs']} pairs; {result['tokens_per_s_ratio_min']:.2f}-"
         f"{result['tokens_per_s_ratio_max']:.2f}x), {result['step_ratio']:.2f}x steps/s, "
-        f"on {result['cpu']}")
+        f"on {result['cpu']} (CPUs: {result['cpus']})")
   print(json.dumps(result), flush=True)
 
 

@@ -11,9 +11,13 @@ name starts with "tf_XLA" and not "tf_XLAPjRt") run the compiled program's ops; 
 per step is summed by op kind: the op's name without its numeric suffix
 ("ynn_fusion.14" -> "ynn_fusion": XLA:CPU's YNNPACK matmul fusions; "copy_bitcast_fusion":
 transposed copies; ...). Beside each kind's time it gives its time "alone": while no other
-worker thread ran any op, i.e. the serial part where the other cores wait (on a 2-core CPU a
-matmul that runs on one thread with nothing else ready is where a step loses its second
-core). Prints a short table, then one JSON line: wall ms per step, XLA thread ms per step,
+worker thread ran any *traced* op. That is an upper bound on the step's serial part, not a
+measure of it: an op that splits itself over the pool (a YNNPACK matmul does) runs its
+helper tasks on the other threads without trace events, so those threads look idle while
+they work (a lone jitted 1364x656 @ 656x256 dot shows on one thread in a trace, yet runs
+1.7x faster on two cores than under `taskset -c 0`). To measure how a step scales over
+cores, time it pinned: `taskset -c 0 python -m bench.train_throughput ...`, or both sides
+of the peer comparison with `python -m bench.peer_ratio --cpus 0`. Prints a short table, then one JSON line: wall ms per step, XLA thread ms per step,
 the busy fraction (thread time / (threads x wall)), the alone ms per step, and the `--top`
 op kinds with their ms per step, share of the thread time and alone ms. The trace directory is kept
 (`--trace_dir`) for TensorBoard / Perfetto.
@@ -102,9 +106,10 @@ def _union(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 
 def alone_times(ops: dict[object, list[Interval]]) -> dict[str, float]:
-  """ns per op kind during which no other thread ran any op: the serial part of the step,
-  where the other cores wait (e.g. a matmul that runs on one thread while nothing else is
-  ready). With one thread every op runs alone."""
+  """ns per op kind during which no other thread ran any traced op. An upper bound on the
+  step's serial part (untraced helper tasks of a pool-splitting op, e.g. a YNNPACK
+  matmul's, make a working thread look idle; see the module docstring). With one thread
+  every op runs alone."""
   alone = collections.Counter()
   for thread, events in ops.items():
     others = _union([(s, e) for other, evs in ops.items() if other != thread
@@ -164,7 +169,7 @@ def profile_step() -> None:
   alone_ms = sum(alone.values())
   wall_ms = 1e3 * wall_s / FLAGS.steps
   top = sorted(per_step.items(), key=lambda kv: -kv[1])[:FLAGS.top]
-  print("  ms/step  share  alone  op kind   (alone: ms/step no other thread ran anything)")
+  print("  ms/step  share  alone  op kind   (alone: ms/step no other thread ran a traced op; an upper bound)")
   for kind, ms in top:
     print(f"{ms:9.1f} {100 * ms / max(thread_ms, 1e-9):5.1f} % {alone[kind]:6.1f}  {kind}")
   print(json.dumps({

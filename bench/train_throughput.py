@@ -41,6 +41,8 @@ the jitted step, blocked until done. It prints the figures, then one JSON line:
   xla_memory_mb      the compiled step's `memory_analysis()` (arguments, outputs, aliased by
                      donation, temporaries).
   loadavg_start/end  os.getloadavg(): the machine may be shared; compare runs at like load.
+  cpus               CPUs this process may run on (its affinity, e.g. under `taskset -c 0`
+                     or `bench.peer_ratio --cpus 0`): XLA sizes its thread pool by them.
 """
 from __future__ import annotations
 
@@ -88,6 +90,14 @@ class CompileLog:
 
   def compiles_since(self, mark: int) -> list[str]:
     return [name for e, _, name in self.events[mark:] if e == COMPILE_EVENTS[-1]]
+
+
+def usable_cpus() -> int:
+  """CPUs the process may run on: its affinity where the OS has one (Linux), else all."""
+  try:
+    return len(os.sched_getaffinity(0))
+  except AttributeError:
+    return os.cpu_count() or 1
 
 
 def matmul_peak(size: int, reps: int, dtype: str = "float32") -> float:
@@ -252,6 +262,7 @@ def measure(config, steps: int = 30, warmup: int = 3, peak_size: int = 2048,
       "cpu_sys_ms_per_step": round((usage.ru_stime - usage_start.ru_stime) * 1e3 / steps, 1),
       "minor_faults_per_step": round((usage.ru_minflt - usage_start.ru_minflt) / steps),
       "malloc": os.environ.get("LD_PRELOAD", "") or "default",
+      "cpus": usable_cpus(),
       "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
       "xla_memory_mb": xla_memory,
       "loss": round(loss, 4),
@@ -276,7 +287,7 @@ def main(argv):
         f"{result['peak_flops_per_s'] / 1e9:.1f} peak: MFU {100 * result['mfu']:.1f}%")
   print(f"  CPU per step: user {result['cpu_user_ms_per_step']:.0f} ms, system "
         f"{result['cpu_sys_ms_per_step']:.0f} ms, {result['minor_faults_per_step']} page faults "
-        f"(malloc: {result['malloc']})")
+        f"(malloc: {result['malloc']}, {result['cpus']} CPUs)")
   print(f"  compile {result['compile_s']:.1f}s, recompiles {result['recompiles']}, "
         f"peak RSS {result['peak_rss_mb']:.0f} MB, XLA {result['xla_memory_mb']}, "
         f"load {result['loadavg_start']} -> {result['loadavg_end']}")

@@ -122,27 +122,30 @@ def test_profile_step_alone_time_is_what_no_other_thread_overlaps():
   assert profile_step.alone_times({"only": [(0, 4, "x"), (6, 7, "x")]}) == {"x": 5}
 
 
-FAKE_PEER = """import json, sys
+FAKE_PEER = """import json, os, sys
 steps = sys.argv[sys.argv.index("--steps") + 1]
 print("a line the ratio bench must skip")
 print(json.dumps({"tokens_per_s": 100.0, "step_ms": 480.0, "step_ms_p10": 400.0,
-                  "steps": int(steps)}))
+                  "steps": int(steps), "threads": len(os.sched_getaffinity(0))}))
 """
 
 
 def test_peer_ratio_alternates_the_two_runs_and_divides_their_figures(tmp_path):
   """The peer is a stand-in script here (the real one needs torch): the bench's own work is
-  the alternation, the parsing and the arithmetic."""
+  the alternation, the parsing, the arithmetic, and pinning both sides to --cpus."""
   fake = tmp_path / "fake_peer.py"
   fake.write_text(FAKE_PEER)
   proc = subprocess.run(
       [sys.executable, "-m", "bench.peer_ratio", "--mot_config", "configs/digits.py:tiny",
        "--pairs", "2", "--steps", "2", "--mot_args=--warmup 1 --peak_size 256 --peak_reps 2",
-       "--peer_python", sys.executable, "--peer_script", str(fake)],
+       "--peer_python", sys.executable, "--peer_script", str(fake), "--cpus", "0"],
       cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   result = json.loads(proc.stdout.strip().splitlines()[-1])
   assert result["order"] == ["mot-peer", "peer-mot"]
+  assert result["cpus"] == [0]
+  assert [r["cpus"] for r in result["mot"]] == [1, 1]
+  assert [r["threads"] for r in result["peer"]] == [1, 1]
   mot = [r["tokens_per_s"] for r in result["mot"]]
   np.testing.assert_allclose(result["tokens_per_s_ratios"], [m / 100.0 for m in mot],
                              rtol=1e-3)
@@ -175,6 +178,22 @@ def test_peer_ratio_fails_in_one_line_without_the_peer(tmp_path):
     assert "peer failed (exit 1)" in str(e) and "peer_setup.sh" in str(e), e
   else:
     raise AssertionError("a peer that exits 1 must raise BenchError")
+  assert peer_ratio.parse_cpus("0-2,5") == {0, 1, 2, 5}
+  for bad in ("x", "1-a", ","):
+    try:
+      peer_ratio.parse_cpus(bad)
+    except peer_ratio.BenchError as e:
+      assert "--cpus" in str(e), e
+    else:
+      raise AssertionError(f"--cpus={bad!r} must raise BenchError")
+  before = os.sched_getaffinity(0)
+  try:
+    peer_ratio.pin_to_cpus("100000")
+  except peer_ratio.BenchError as e:
+    assert "cannot run on CPUs [100000]" in str(e), e
+  else:
+    raise AssertionError("a CPU the machine lacks must raise BenchError")
+  assert os.sched_getaffinity(0) == before
   assert peer_ratio.last_json_line('x\n{"a": 1}\nnot json\n') == {"a": 1}
   assert peer_ratio.last_json_line("[1, 2]\n") is None
 
