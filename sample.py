@@ -28,7 +28,8 @@ flags.DEFINE_enum("mode", "reason", ["reason", "generate", "think_then_draw"],
                   "reason: answer about images; generate: draw images; think_then_draw: "
                   "answer, then draw the answer.")
 flags.DEFINE_multi_string("images", [], "Image files and folders to reason about "
-                          "(--mode reason; any size and colour mode). Video checkpoints: "
+                          "(--mode reason; any size and colour mode; a folder written by --mode "
+                          "generate is read without its grid.png). Video checkpoints: "
                           "each item is one clip (a GIF or a folder of frames); with "
                           "--actions, the first frame(s) to predict from.")
 flags.DEFINE_multi_string("prompt", [], "Prompt text; repeat for several (reason default: "

@@ -58,15 +58,31 @@ class InputError(ValueError):
 # ----------------------------------------------------------------------------------------
 # Images in and out.
 # ----------------------------------------------------------------------------------------
+def written_grid(folder: str) -> str | None:
+  """The montage file that `write_samples` / `write_clips` put beside their samples (the
+  "grid" of the folder's manifest.json), or None: a folder without such a manifest."""
+  try:
+    with open(os.path.join(folder, "manifest.json"), encoding="utf-8") as f:
+      grid_name = json.load(f).get("grid")
+  except (OSError, ValueError, AttributeError):
+    return None
+  return grid_name if isinstance(grid_name, str) else None
+
+
 def image_paths(items: Sequence[str]) -> list[str]:
-  """Files as given, folders expanded to their image files (sorted, not recursive)."""
+  """Files as given, folders expanded to their image files (sorted, not recursive).
+
+  A folder that sample.py wrote (its manifest.json names a grid) is read without that
+  grid: it is a montage of the samples beside it, not one more image of them. Named as a
+  file, a grid is read like any image."""
   out = []
   for item in items:
     if not os.path.exists(item):
       raise InputError(f"image {item} does not exist")
     if os.path.isdir(item):
+      grid_name = written_grid(item)
       found = sorted(os.path.join(item, f) for f in os.listdir(item)
-                     if f.lower().endswith(IMAGE_EXTENSIONS)
+                     if f.lower().endswith(IMAGE_EXTENSIONS) and f != grid_name
                      and os.path.isfile(os.path.join(item, f)))
       if not found:
         raise InputError(f"folder {item} holds no image files ({', '.join(IMAGE_EXTENSIONS)})")

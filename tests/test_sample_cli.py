@@ -143,6 +143,13 @@ def test_generate_writes_pngs_grid_and_manifest(workdir, tmp_path):
     assert img.size == (2 * 65 + 1, 2 * 65 + 1)   # 2 prompts x 2 samples, 64-px cells
   printed = [json.loads(line) for line in stdout.getvalue().splitlines()]
   assert [p["file"] for p in printed] == [os.path.join(out, f) for f in files]
+  # Reading that folder back reads the samples, not the montage; named, the grid is read.
+  assert pipeline.image_paths([out]) == sorted(os.path.join(out, f) for f in files)
+  grid_file = os.path.join(out, "grid.png")
+  assert pipeline.image_paths([grid_file]) == [grid_file]
+  with open(os.path.join(out, "manifest.json"), "w") as f:
+    f.write("{broken")
+  assert grid_file in pipeline.image_paths([out])   # no readable manifest: every image
 
 
 def test_think_then_draw_and_generation_are_reproducible(workdir, tmp_path):
