@@ -86,9 +86,11 @@ class RMSNorm(nn.Module):
 class Attention(nn.Module):
   """Grouped-query attention over the whole (packed) sequence.
 
-  q: [B, Lq, H, D]; k, v: [B, Lk, K, D] with H % K == 0. With `cache` (dict of k, v
-  [B, Lmax, K, D]) the queries attend over the cache as if the new keys/values were
-  written at `cache_index` (the mask then has Lk = Lmax), and the layer returns only
+  q: [B, Lq, H, D]; k, v: [B, Lk, K, D] with H % K == 0; `rotary` is the (cos, sin) pair
+  of `rope.rotary_tables` for the new tokens' positions, made once for all layers. With
+  `cache` (dict of k, v [B, Lmax, K, D]) the queries attend over the cache as if the new
+  keys/values were written at `cache_index` (the mask then has Lk = Lmax), and the layer
+  returns only
   the new keys/values; `Backbone` writes them into the cache. With `groups`, x and the
   output are grouped buffers [R, d]: projections and QK-norms run per expert, then q, k, v
   return to [B, L, ...] for RoPE, the cache and the (global) attention.
@@ -96,8 +98,8 @@ class Attention(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x: Array, positions: Array, mask: Array, cache=None, cache_index=None,
-               groups: experts.Groups | None = None):
+  def __call__(self, x: Array, rotary: tuple[Array, Array], mask: Array, cache=None,
+               cache_index=None, groups: experts.Groups | None = None):
     cfg = self.cfg
     d, h, kv, hd = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     dt = cfg.compute_dtype
@@ -109,8 +111,7 @@ class Attention(nn.Module):
     k = RMSNorm(cfg, axis_name="kv", name="key_norm")(k, groups)
     if groups is not None:
       q, k, v = groups.combine(q), groups.combine(k), groups.combine(v)
-    q = rope.apply_mrope(q, positions, cfg.rope_sections, cfg.rope_theta, cfg.rope_interleaved)
-    k = rope.apply_mrope(k, positions, cfg.rope_sections, cfg.rope_theta, cfg.rope_interleaved)
+    q, k = rope.rotate(q, *rotary), rope.rotate(k, *rotary)
     if cache is None:
       new_kv = None
       out = jax.nn.dot_product_attention(q, k.astype(dt), v.astype(dt), mask=mask,

@@ -16,7 +16,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from mot import experts, layers, masks
+from mot import experts, layers, masks, rope
 from mot.config import ModelConfig
 
 Array = jax.Array
@@ -48,13 +48,13 @@ class Block(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x, positions, mask, cache, cache_index, groups=None):
+  def __call__(self, x, rotary, mask, cache, cache_index, groups=None):
     x = layers.constrain(x, ACTIVATION)
     drop = nn.Dropout(self.cfg.dropout_rate,
                       deterministic=self.cfg.dropout_rate == 0 or not self.has_rng("dropout"))
     attn, new_kv = layers.Attention(self.cfg, name="attention")(
         layers.RMSNorm(self.cfg, axis_name="embed", name="attention_norm")(x, groups),
-        positions, mask, cache, cache_index, groups)
+        rotary, mask, cache, cache_index, groups)
     x = x + drop(attn)
     x = x + drop(layers.SwiGLU(self.cfg, name="mlp")(
         layers.RMSNorm(self.cfg, axis_name="embed", name="mlp_norm")(x, groups), groups))
@@ -66,8 +66,8 @@ class ScannedBlock(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x, cache, positions, mask, cache_index, groups):
-    return Block(self.cfg, name="block")(x, positions, mask, cache, cache_index, groups)
+  def __call__(self, x, cache, rotary, mask, cache_index, groups):
+    return Block(self.cfg, name="block")(x, rotary, mask, cache, cache_index, groups)
 
 
 def _remat(cls, cfg: ModelConfig, static_argnums=()):
@@ -89,6 +89,8 @@ class Backbone(nn.Module):
   @nn.compact
   def __call__(self, x, positions, mask, cache=None, cache_index=None, groups=None):
     cfg = self.cfg
+    rotary = rope.rotary_tables(positions, cfg.head_dim, cfg.rope_sections, cfg.rope_theta,
+                                cfg.rope_interleaved)   # once, for every layer
     if groups is not None:
       x = groups.dispatch(x)
     if cfg.scan_layers:
@@ -96,13 +98,13 @@ class Backbone(nn.Module):
                       split_rngs={"params": True, "dropout": True},
                       in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
                       length=cfg.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
-      x, new_kv = stack(cfg, name="layers")(x, cache, positions, mask, cache_index, groups)
+      x, new_kv = stack(cfg, name="layers")(x, cache, rotary, mask, cache_index, groups)
     else:
       new_kvs = []
       block_cls = _remat(Block, cfg)
       for i in range(cfg.num_layers):
         layer_cache = None if cache is None else jax.tree.map(lambda c: c[i], cache)
-        x, kv = block_cls(cfg, name=f"layers_{i}")(x, positions, mask, layer_cache,
+        x, kv = block_cls(cfg, name=f"layers_{i}")(x, rotary, mask, layer_cache,
                                                    cache_index, groups)
         new_kvs.append(kv)
       new_kv = None if cache is None else jax.tree.map(lambda *c: jnp.stack(c), *new_kvs)

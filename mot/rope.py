@@ -9,6 +9,7 @@ have t = h = w, so pure text is ordinary 1-D RoPE. Positions are built on the ho
 """
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -37,10 +38,32 @@ def mrope_angles(positions, head_dim: int, sections, theta: float, interleaved: 
   return pos * jnp.asarray(inv_freq, jnp.float32)
 
 
-def rotate(x, angles):
-  """Rotate-half RoPE of x [B, L, H, D] by angles [B, L, D // 2]; keeps x's dtype."""
-  cos = jnp.cos(angles)[:, :, None, :]
-  sin = jnp.sin(angles)[:, :, None, :]
+def rotary_tables(positions, head_dim: int, sections, theta: float,
+                  interleaved: bool = False):
+  """(cos, sin), each float32 [B, L, head_dim // 2], of `mrope_angles`: made once per
+  forward pass and read by every layer's queries and keys.
+
+  Why they pass through an identity matmul: XLA fuses an elementwise producer into each of
+  its consumers, so with unrolled layers the sine and cosine were recomputed inside every
+  layer's RoPE fusion (and its gradient) for every element of q and k — heads x 2 times
+  the table — at ~7 ns a sine on a CPU core; XLA:CPU drops `optimization_barrier` before
+  fusing, and a dot is not fused into elementwise code, so it fences the tables into one
+  buffer each. x @ I is exact (each entry times 1, plus zeros, at highest precision) and costs
+  2 x B x L x head_dim^2 FLOPs once, nothing beside the layers' matmuls: the peer-setting
+  step on one CPU core went from 317-326 to 291 ms, with the same bits (README,
+  Performance). Under `nn.scan` the loop boundary already did this.
+  """
+  angles = mrope_angles(positions, head_dim, sections, theta, interleaved)
+  both = jnp.concatenate([jnp.cos(angles), jnp.sin(angles)], axis=-1)      # [B, L, D]
+  both = jnp.einsum("bld,de->ble", both, jnp.eye(head_dim, dtype=both.dtype),
+                    precision=jax.lax.Precision.HIGHEST)
+  return both[..., :head_dim // 2], both[..., head_dim // 2:]
+
+
+def rotate(x, cos, sin):
+  """Rotate-half RoPE of x [B, L, H, D] by the tables cos, sin [B, L, D // 2] of
+  `rotary_tables`; keeps x's dtype."""
+  cos, sin = cos[:, :, None, :], sin[:, :, None, :]
   x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
   out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
   return out.astype(x.dtype)
@@ -59,5 +82,4 @@ def apply_mrope(x, positions, sections=(8, 12, 12), theta: float = 10000.0,
   Returns:
     float [B, L, H, D], same dtype as x.
   """
-  angles = mrope_angles(positions, x.shape[-1], sections, theta, interleaved)
-  return rotate(x, angles)
+  return rotate(x, *rotary_tables(positions, x.shape[-1], sections, theta, interleaved))

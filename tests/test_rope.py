@@ -243,3 +243,17 @@ def test_bad_sections_rejected(rope):
     pos = jnp.asarray(_text_positions(1, 4))
     with pytest.raises((ValueError, AssertionError)):
         rope.apply_mrope(x, pos, (8, 12, 8), THETA)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rotary_tables_are_exactly_cos_and_sin_of_the_angles(rope, interleaved):
+    """The tables pass through an identity matmul (a fusion fence, see rotary_tables): it
+    must not change a bit, or every checkpoint's numbers would move with the fence."""
+    pos = jnp.asarray(_batch_positions()) * 37   # large angles: rounding would show
+    tables = jax.jit(rope.rotary_tables, static_argnums=(1, 2, 3, 4))(
+        pos, 64, (8, 12, 12), THETA, interleaved)
+    angles = rope.mrope_angles(pos, 64, (8, 12, 12), THETA, interleaved)
+    expected = jax.jit(lambda a: (jnp.cos(a), jnp.sin(a)))(angles)
+    for got, want in zip(tables, expected):
+        chex.assert_shape(got, (*pos.shape[:2], 32))
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
