@@ -90,10 +90,9 @@ class Attention(nn.Module):
   of `rope.rotary_tables` for the new tokens' positions, made once for all layers. With
   `cache` (dict of k, v [B, Lmax, K, D]) the queries attend over the cache as if the new
   keys/values were written at `cache_index` (the mask then has Lk = Lmax), and the layer
-  returns only
-  the new keys/values; `Backbone` writes them into the cache. With `groups`, x and the
-  output are grouped buffers [R, d]: projections and QK-norms run per expert, then q, k, v
-  return to [B, L, ...] for RoPE, the cache and the (global) attention.
+  returns only the new keys/values; `Backbone` writes them into the cache. With `groups`,
+  x and the output are grouped buffers [R, d]: projections and QK-norms run per expert,
+  then q, k, v return to [B, L, ...] for RoPE, the cache and the (global) attention.
   """
   cfg: ModelConfig
 
