@@ -169,7 +169,8 @@ def profile_step() -> None:
   alone_ms = sum(alone.values())
   wall_ms = 1e3 * wall_s / FLAGS.steps
   top = sorted(per_step.items(), key=lambda kv: -kv[1])[:FLAGS.top]
-  print("  ms/step  share  alone  op kind   (alone: ms/step no other thread ran a traced op; an upper bound)")
+  print("  ms/step  share  alone  op kind   "
+        "(alone: ms/step no other thread ran a traced op; an upper bound)")
   for kind, ms in top:
     print(f"{ms:9.1f} {100 * ms / max(thread_ms, 1e-9):5.1f} % {alone[kind]:6.1f}  {kind}")
   print(json.dumps({
