@@ -17,10 +17,13 @@ helper tasks on the other threads without trace events, so those threads look id
 they work (a lone jitted 1364x656 @ 656x256 dot shows on one thread in a trace, yet runs
 1.7x faster on two cores than under `taskset -c 0`). To measure how a step scales over
 cores, time it pinned: `taskset -c 0 python -m bench.train_throughput ...`, or both sides
-of the peer comparison with `python -m bench.peer_ratio --cpus 0`. Prints a short table, then one JSON line: wall ms per step, XLA thread ms per step,
-the busy fraction (thread time / (threads x wall)), the alone ms per step, and the `--top`
-op kinds with their ms per step, share of the thread time and alone ms. The trace directory is kept
-(`--trace_dir`) for TensorBoard / Perfetto.
+of the peer comparison with `python -m bench.peer_ratio --cpus 0`; under `taskset -c 0`
+this bench's table is exact, every op running on the one traced thread.
+
+Prints a short table, then one JSON line: wall ms per step, XLA thread ms per step, the
+busy fraction (thread time / (threads x wall)), the alone ms per step, and the `--top` op
+kinds with their ms per step, share of the thread time and alone ms. The trace directory
+is kept (`--trace_dir`) for TensorBoard / Perfetto.
 """
 import bisect
 import collections
