@@ -11,8 +11,12 @@ import time
 
 import chex
 import numpy as np
+import pytest
 
 from bench import train_throughput
+from configs import bench as bench_configs
+from mot import config as config_lib
+from mot.data import pipeline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEYS = {"tokens_per_s", "step_ms", "input_wait_ms", "flops_per_token", "flops_per_s",
@@ -34,6 +38,22 @@ def test_cli_prints_a_json_line_with_every_figure():
   for key in ("tokens_per_s", "step_ms", "flops_per_token", "peak_flops_per_s", "mfu"):
     assert result[key] > 0, key
   assert result["peak_dtype"] == "float32"   # the config's model.dtype
+
+
+@pytest.mark.parametrize("variant", bench_configs.VARIANTS)
+def test_bench_config_rows_hold_their_examples_whole(variant):
+  """The benchmark variants validate, and their packed rows drop no example: the peer
+  variant's rows are exactly as long as its longest example (one per row, as the peer),
+  so a longer caption would otherwise vanish from the figures unnoticed."""
+  config = bench_configs.get_config(variant)
+  config_lib.validate(config)
+  data = pipeline.make_train_dataset(config.data, seed=0, batch_size=config.batch_size)
+  batch = next(iter(data))
+  chex.assert_shape(batch["tokens"], (config.batch_size, config.data.seq_len))
+  counts = pipeline.describe_batch(batch)
+  assert counts["examples"] == config.batch_size * config.data.examples_per_row
+  if variant == "peer":  # 16 examples of 40-41 tokens: the peer's batch, little padding
+    assert counts["examples"] == 16 and counts["padding_fraction"] < 0.03
 
 
 def test_attended_context_counts_allowed_keys_per_real_query():
