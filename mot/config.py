@@ -44,6 +44,7 @@ class ModelConfig:
   expert_tile: int = 256                 # rows per tile of the "tiled" grouped matmul
   init_generation_from_understanding: bool = False  # every expert starts as expert 0
   scan_layers: bool = True
+  scan_unroll: int = 1                   # blocks per nn.scan loop iteration; -1: all (no loop)
   remat_policy: str = "none"             # "none" or a jax.checkpoint_policies name
   dtype: str = "float32"                 # compute dtype
   param_dtype: str = "float32"
@@ -126,6 +127,10 @@ def validate_model(m: ModelConfig) -> None:
     _check(jax.default_backend() == "gpu",
            f"config.model.attention_impl='cudnn' needs a GPU, but JAX runs on "
            f"{jax.default_backend()!r}: use 'auto' or 'xla'")
+  _check(isinstance(m.scan_unroll, int) and not isinstance(m.scan_unroll, bool)
+         and (m.scan_unroll > 0 or m.scan_unroll == -1),
+         f"config.model.scan_unroll={m.scan_unroll!r} must be a positive integer (blocks per "
+         "loop iteration) or -1 (all blocks, no loop)")
   if m.remat_policy != "none":
     _check(hasattr(jax.checkpoint_policies, m.remat_policy),
            f"config.model.remat_policy={m.remat_policy!r} is not in jax.checkpoint_policies: "

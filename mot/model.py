@@ -78,8 +78,21 @@ def _remat(cls, cfg: ModelConfig, static_argnums=()):
                   static_argnums=static_argnums)
 
 
+def _scan_unroll(cfg: ModelConfig) -> int:
+  """Blocks per iteration of the layer scan's loop: `cfg.scan_unroll`, -1 meaning all."""
+  if cfg.scan_unroll == -1:
+    return cfg.num_layers
+  return min(cfg.scan_unroll, cfg.num_layers)
+
+
 class Backbone(nn.Module):
   """N blocks, scanned (`cfg.scan_layers`) and rematerialised (`cfg.remat_policy`).
+
+  `cfg.scan_unroll` blocks run per iteration of the scan's loop. Unrolled fully, XLA sees
+  straight-line code, as with `scan_layers=False`, and can fuse across layer boundaries
+  (on a CPU the loop's slicing of each layer's weights and re-stacking of its gradients
+  goes too), while the parameters keep their stacked layout, their initial values and
+  every bit of the training arithmetic.
 
   With `groups` the residual stream enters the grouped buffer once, before the first
   block, and leaves it after the last.
@@ -97,7 +110,8 @@ class Backbone(nn.Module):
       stack = nn.scan(_remat(ScannedBlock, cfg), variable_axes={"params": 0},
                       split_rngs={"params": True, "dropout": True},
                       in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
-                      length=cfg.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
+                      length=cfg.num_layers,
+                      unroll=_scan_unroll(cfg), metadata_params={nn.PARTITION_NAME: "layers"})
       x, new_kv = stack(cfg, name="layers")(x, cache, rotary, mask, cache_index, groups)
     else:
       new_kvs = []

@@ -41,6 +41,7 @@ def train_cases(workdir, a_file):
       "zero steps": [*TINY, *w, "--config.num_train_steps=0"],
       "negative batch": [*TINY, *w, "--config.batch_size=-4"],
       "bad learning rate": [*TINY, *w, "--config.learning_rate=-1.0"],
+      "scan unroll zero": [*TINY, *w, "--config.model.scan_unroll=0"],
       "dropout out of range": [*TINY, *w, "--config.model.dropout_rate=1.5"],
       "label smoothing out of range": [*TINY, *w, "--config.ar_label_smoothing=1.0"],
       "zero time shift": [*TINY, *w, "--config.sample.shift=0.0"],

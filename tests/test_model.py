@@ -122,6 +122,34 @@ def test_scan_and_loop_agree():
   chex.assert_trees_all_close(out_s[:2], out_l[:2], atol=1e-5)
 
 
+@pytest.mark.parametrize("unroll", [-1, 2])
+def test_scan_unroll_keeps_parameters_and_gradients(unroll):
+  """Unrolling the layer scan changes the program, not the model: the same initial
+  parameters (same layout, same draws) and the same loss and gradients; fully unrolled
+  (-1, or as many as the layers), the compiled step has no loop left."""
+  import dataclasses
+  cfg = dataclasses.replace(CFG, num_layers=5)
+  batch = jax.tree.map(jnp.asarray, layout_batch(True))
+  looped, unrolled = MoT(cfg), MoT(dataclasses.replace(cfg, scan_unroll=unroll))
+  params = looped.init(jax.random.PRNGKey(0), inputs_from_batch(batch))["params"]
+  chex.assert_trees_all_equal(
+      unrolled.init(jax.random.PRNGKey(0), inputs_from_batch(batch))["params"], params)
+  params = jax.tree.map(lambda p: p + 0.02 * jax.random.normal(jax.random.PRNGKey(1), p.shape),
+                        params)   # adaLN-zero: let the DM head's modulation matter
+
+  def loss(model, p):
+    logits, v, _ = model.apply({"params": p}, inputs_from_batch(batch))
+    return jnp.mean(logits ** 2) + jnp.mean(v ** 2)
+
+  grads = {name: jax.jit(jax.value_and_grad(lambda p, m=m: loss(m, p)))
+           for name, m in (("looped", looped), ("unrolled", unrolled))}
+  chex.assert_trees_all_close(grads["unrolled"](params), grads["looped"](params),
+                              rtol=1e-5, atol=1e-6)
+  loops = {name: " while(" in g.lower(params).compile().as_text() for name, g in grads.items()}
+  # 5 layers, 2 per iteration: a loop of two iterations, then the fifth block.
+  assert loops == {"looped": True, "unrolled": unroll == 2}, loops
+
+
 def test_remat_policy_gives_same_gradients():
   import dataclasses
   batch = jax.tree.map(jnp.asarray, layout_batch(True))
