@@ -44,7 +44,8 @@ class ModelConfig:
   expert_tile: int = 256                 # rows per tile of the "tiled" grouped matmul
   init_generation_from_understanding: bool = False  # every expert starts as expert 0
   scan_layers: bool = True
-  scan_unroll: int = 1                   # blocks per nn.scan loop iteration; -1: all (no loop)
+  scan_unroll: int = 1                   # blocks per nn.scan loop iteration; -1: all (no loop);
+                                         # passes with a KV cache keep the loop
   remat_policy: str = "none"             # "none" or a jax.checkpoint_policies name
   dtype: str = "float32"                 # compute dtype
   param_dtype: str = "float32"
