@@ -105,6 +105,12 @@ def test_swiglu_custom_gradient_equals_autodiff():
   chex.assert_trees_all_close(grad(swiglu), grad(plain), rtol=1e-5, atol=1e-6)
 
 
+def square_loss(model, params, batch):
+  """A scalar that depends on every logit and velocity: gradients reach both heads."""
+  logits, v, _ = model.apply({"params": params}, inputs_from_batch(batch))
+  return jnp.mean(logits ** 2) + jnp.mean(v ** 2)
+
+
 def test_scan_and_loop_agree():
   import dataclasses
   batch = jax.tree.map(jnp.asarray, layout_batch(False))
@@ -136,12 +142,7 @@ def test_scan_unroll_keeps_parameters_and_gradients(unroll):
       unrolled.init(jax.random.PRNGKey(0), inputs_from_batch(batch))["params"], params)
   params = jax.tree.map(lambda p: p + 0.02 * jax.random.normal(jax.random.PRNGKey(1), p.shape),
                         params)   # adaLN-zero: let the DM head's modulation matter
-
-  def loss(model, p):
-    logits, v, _ = model.apply({"params": p}, inputs_from_batch(batch))
-    return jnp.mean(logits ** 2) + jnp.mean(v ** 2)
-
-  grads = {name: jax.jit(jax.value_and_grad(lambda p, m=m: loss(m, p)))
+  grads = {name: jax.jit(jax.value_and_grad(lambda p, m=m: square_loss(m, p, batch)))
            for name, m in (("looped", looped), ("unrolled", unrolled))}
   chex.assert_trees_all_close(grads["unrolled"](params), grads["looped"](params),
                               rtol=1e-5, atol=1e-6)
@@ -156,13 +157,8 @@ def test_remat_policy_gives_same_gradients():
   base = MoT(CFG)
   remat = MoT(dataclasses.replace(CFG, remat_policy="nothing_saveable"))
   params = base.init(jax.random.PRNGKey(0), inputs_from_batch(batch))["params"]
-
-  def loss(model, p):
-    logits, v, _ = model.apply({"params": p}, inputs_from_batch(batch))
-    return jnp.mean(logits ** 2) + jnp.mean(v ** 2)
-
-  g1 = jax.grad(lambda p: loss(base, p))(params)
-  g2 = jax.grad(lambda p: loss(remat, p))(params)
+  g1 = jax.grad(lambda p: square_loss(base, p, batch))(params)
+  g2 = jax.grad(lambda p: square_loss(remat, p, batch))(params)
   chex.assert_trees_all_close(g1, g2, atol=1e-5)
 
 
