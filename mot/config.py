@@ -17,6 +17,7 @@ from mot import tokenizer
 EXPERT_MODES = ("shared", "mode", "modality")
 EXPERT_IMPLS = ("auto", "tiled", "ragged")
 ATTENTION_IMPLS = ("auto", "xla", "cudnn")
+MATMUL_DTYPES = ("float32", "bfloat16", "float16")   # besides "same"
 
 
 class ConfigError(ValueError):
@@ -48,6 +49,8 @@ class ModelConfig:
                                          # passes with a KV cache keep the loop
   remat_policy: str = "none"             # "none" or a jax.checkpoint_policies name
   dtype: str = "float32"                 # compute dtype
+  matmul_dtype: str = "same"             # Linear matmul operands: "same" (the compute dtype)
+                                         # or a dtype, e.g. "bfloat16" (f32 accumulation)
   param_dtype: str = "float32"
   norm_eps: float = 1e-6
   dropout_rate: float = 0.0              # residual dropout in training (only with a "dropout" rng)
@@ -60,6 +63,10 @@ class ModelConfig:
   @property
   def compute_dtype(self):
     return jnp.dtype(self.dtype)
+
+  @property
+  def matmul_operand_dtype(self):
+    return self.compute_dtype if self.matmul_dtype == "same" else jnp.dtype(self.matmul_dtype)
 
   @property
   def params_dtype(self):
@@ -118,6 +125,9 @@ def validate_model(m: ModelConfig) -> None:
     except TypeError:
       raise ConfigError(f"config.model.{name}={getattr(m, name)!r} is not a dtype: "
                         "use float32 or bfloat16") from None
+  _check(m.matmul_dtype == "same" or m.matmul_dtype in MATMUL_DTYPES,
+         f"config.model.matmul_dtype={m.matmul_dtype!r} is unknown: use 'same' (the compute "
+         f"dtype) or one of {MATMUL_DTYPES}")
   _check(m.attention_impl in ATTENTION_IMPLS,
          f"config.model.attention_impl={m.attention_impl!r} is unknown: use one of "
          f"{ATTENTION_IMPLS}")
@@ -177,6 +187,10 @@ def validate(config: Any) -> ModelConfig:
          and 0 <= reason_shifts <= 2,
          f"config.sample.reason_shifts={reason_shifts!r} must be 0 (off), 1 or 2 (pixels of "
          "test-time shift when reading an image)")
+  context = (config.get("sample") or {}).get("context_length", 0)
+  _check(isinstance(context, int) and not isinstance(context, bool) and context >= 0,
+         f"config.sample.context_length={context!r} must be an integer >= 0 (the longest "
+         "prompt plus answer sampling accepts; at least config.data.seq_len either way)")
   _check(not config.get("freeze_understanding", False) or model.experts == "mode",
          "config.freeze_understanding=True needs the understanding expert: set "
          "config.model.experts='mode'")

@@ -37,6 +37,7 @@ train step of "mode" takes ~1.05-1.08x the time of "shared" (bench/experts_step_
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Callable
 
@@ -193,8 +194,16 @@ def group_tokens(cfg: ModelConfig, modality: Array, noised: Array) -> Groups | N
 # ----------------------------------------------------------------------------------------
 # Per-expert computation on the buffer.
 # ----------------------------------------------------------------------------------------
-def grouped_matmul(x: Array, kernel: Array, groups: Groups, in_dims: int = 1) -> Array:
-  """Buffer x [R, *in] times its rows' experts' kernel [E, *in, *out] -> [R, *out]."""
+def grouped_matmul(x: Array, kernel: Array, groups: Groups, in_dims: int = 1,
+                   operand_dtype=None) -> Array:
+  """Buffer x [R, *in] times its rows' experts' kernel [E, *in, *out] -> [R, *out].
+
+  operand_dtype (None: x's dtype, the plain product): round both operands to it and
+  accumulate in float32, as `mot.matmul.rounded_matmul` does for the dense layers. The
+  tiled path rounds its gradient products the same way (the cotangent too); the ragged
+  path leaves them to autodiff: products of the float32 cotangent, whose results are
+  rounded to operand_dtype on their way back through the operands' casts.
+  """
   in_shape = x.shape[1:]
   assert len(in_shape) == in_dims and kernel.shape[1:1 + in_dims] == in_shape, (
       x.shape, kernel.shape, in_dims)
@@ -205,33 +214,49 @@ def grouped_matmul(x: Array, kernel: Array, groups: Groups, in_dims: int = 1) ->
   x = x.reshape(rows, -1)
   kernel = kernel.reshape(kernel.shape[0], math.prod(in_shape), -1)
   if groups.impl == "ragged":
-    y = jax.lax.ragged_dot(x, kernel, groups.group_sizes)
+    y = jax.lax.ragged_dot(_round(x, operand_dtype), _round(kernel, operand_dtype),
+                           groups.group_sizes, preferred_element_type=_acc(operand_dtype))
   else:
-    y = _tiled_matmul(groups.tiles(x), kernel, groups.tile_expert)
-  return y.reshape((rows,) + out_shape)
+    y = _tiled_matmul(groups.tiles(x), kernel, groups.tile_expert, operand_dtype)
+  return y.reshape((rows,) + out_shape).astype(x.dtype)
+
+
+def _round(a: Array, dtype) -> Array:
+  return a if dtype is None else a.astype(dtype)
+
+
+def _acc(dtype):
+  """preferred_element_type of a product of operands rounded to dtype (None: unrounded)."""
+  return None if dtype is None else jnp.float32
 
 
 def _tile_kernels(kernel: Array, tile_expert: Array) -> Array:
   return jnp.take(kernel, tile_expert, axis=0, mode="clip")         # [K, in, out]
 
 
-@jax.custom_vjp
-def _tiled_matmul(x: Array, kernel: Array, tile_expert: Array) -> Array:
-  """x [K, T, in] times each tile's expert's kernel [E, in, out] -> [K, T, out]."""
-  return jnp.einsum("kti,kio->kto", x, _tile_kernels(kernel, tile_expert))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _tiled_matmul(x: Array, kernel: Array, tile_expert: Array, operand_dtype=None) -> Array:
+  """x [K, T, in] times each tile's expert's kernel [E, in, out] -> [K, T, out], from
+  operands rounded to operand_dtype (None: as they are) with float32 accumulation."""
+  return jnp.einsum("kti,kio->kto", _round(x, operand_dtype),
+                    _tile_kernels(_round(kernel, operand_dtype), tile_expert),
+                    preferred_element_type=_acc(operand_dtype))
 
 
-def _tiled_matmul_fwd(x, kernel, tile_expert):
+def _tiled_matmul_fwd(x, kernel, tile_expert, operand_dtype):
   # Saves the kernel, not its K tile copies: under nn.scan those would be stacked for
   # every layer (K x the layer's weights of memory) and copied twice.
-  return _tiled_matmul(x, kernel, tile_expert), (x, kernel, tile_expert)
+  return (_tiled_matmul(x, kernel, tile_expert, operand_dtype),
+          (x, kernel, tile_expert))
 
 
-def _tiled_matmul_bwd(res, ct):
+def _tiled_matmul_bwd(operand_dtype, res, ct):
   x, kernel, tile_expert = res
-  w = _tile_kernels(kernel, tile_expert)
-  dx = jnp.einsum("kto,kio->kti", ct, w)
-  dw = jnp.einsum("kti,kto->kio", x, ct)
+  ct = _round(ct, operand_dtype)
+  w = _tile_kernels(_round(kernel, operand_dtype), tile_expert)
+  acc = _acc(operand_dtype)
+  dx = jnp.einsum("kto,kio->kti", ct, w, preferred_element_type=acc).astype(x.dtype)
+  dw = jnp.einsum("kti,kto->kio", _round(x, operand_dtype), ct, preferred_element_type=acc)
   # Sum the tiles' kernel gradients per expert: a tiny one-hot matmul (K x E), exact.
   onehot = jax.nn.one_hot(tile_expert, kernel.shape[0], dtype=dw.dtype)
   dkernel = jnp.einsum("ke,kio->eio", onehot, dw, precision=jax.lax.Precision.HIGHEST)

@@ -14,7 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from mot import experts, rope
+from mot import experts, matmul, rope
 from mot.config import ModelConfig
 
 Array = jax.Array
@@ -38,7 +38,8 @@ class Linear(nn.Module):
   """x [..., *in_shape] -> [..., *out_shape] with one kernel [*in_shape, *out_shape].
 
   Unlike nn.DenseGeneral, the kernel is created in its final shape, so its logical axis
-  names (one per kernel dim) hold at init time under a mesh.
+  names (one per kernel dim) hold at init time under a mesh. The product's operands are
+  rounded to `cfg.matmul_dtype` where it differs from the compute dtype (`mot.matmul`).
   """
   cfg: ModelConfig
   out_shape: tuple[int, ...]
@@ -55,15 +56,15 @@ class Linear(nn.Module):
       kernel = self.param("kernel", nn.with_logical_partitioning(init, ("expert", *self.names)),
                           (groups.num_experts, *in_shape, *self.out_shape),
                           self.cfg.params_dtype)
-      return experts.grouped_matmul(x.astype(self.cfg.compute_dtype),
-                                    kernel.astype(self.cfg.compute_dtype), groups,
-                                    self.in_dims)
+      dt = self.cfg.compute_dtype
+      operand = self.cfg.matmul_operand_dtype
+      return experts.grouped_matmul(x.astype(dt), kernel.astype(dt), groups, self.in_dims,
+                                    None if operand == dt else operand)
     kernel = self.param("kernel", dense_init(math.prod(in_shape), self.names, self.scale),
                         (*in_shape, *self.out_shape), self.cfg.params_dtype)
-    kernel = kernel.astype(self.cfg.compute_dtype)
-    x = x.astype(self.cfg.compute_dtype)
-    return jax.lax.dot_general(x, kernel, (((tuple(range(x.ndim - self.in_dims, x.ndim))),
-                                            tuple(range(self.in_dims))), ((), ())))
+    dt = self.cfg.compute_dtype
+    return matmul.linear_matmul(x.astype(dt), kernel.astype(dt), self.in_dims,
+                                self.cfg.matmul_operand_dtype, dt)
 
 
 class RMSNorm(nn.Module):
@@ -242,9 +243,9 @@ class TimestepEmbedding(nn.Module):
     x = nn.Dense(cfg.d_model, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
                  kernel_init=dense_init(cfg.time_embed_dim, ("time", "embed")),
                  bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
-                 name="fc1")(feats)
+                 dot_general=matmul.dense_dot_general(cfg), name="fc1")(feats)
     x = constrain(x, ("activation_batch", "activation_length", "activation_embed"))
     return nn.Dense(cfg.d_model, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
                     kernel_init=dense_init(cfg.d_model, ("embed_in", "embed")),
                     bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
-                    name="fc2")(nn.silu(x))
+                    dot_general=matmul.dense_dot_general(cfg), name="fc2")(nn.silu(x))

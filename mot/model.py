@@ -16,7 +16,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from mot import experts, layers, masks, rope
+from mot import experts, layers, masks, matmul, rope
 from mot.config import ModelConfig
 
 Array = jax.Array
@@ -194,7 +194,7 @@ class DMHead(nn.Module):
                    kernel_init=nn.with_logical_partitioning(nn.initializers.zeros,
                                                             ("embed_in", "embed")),
                    bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
-                   name="modulation")(nn.silu(t_emb))
+                   dot_general=matmul.dense_dot_general(cfg), name="modulation")(nn.silu(t_emb))
     shift, scale = jnp.split(mod, 2, axis=-1)
     h32 = h.astype(jnp.float32)
     h32 = h32 * jax.lax.rsqrt(jnp.mean(h32 * h32, -1, keepdims=True) + cfg.norm_eps)

@@ -377,3 +377,34 @@ def test_weight_decay_mask_ignores_stacked_axes():
   assert float(jnp.abs(updates["backbone"]["scale"]).max()) == 0
   assert float(jnp.abs(updates["head"]["scale"]).max()) == 0
   assert float(jnp.abs(updates["backbone"]["kernel"]).min()) > 0
+
+
+@pytest.mark.parametrize("impl", ["tiled", "ragged"])
+def test_grouped_matmul_with_bf16_operands(impl):
+  """operand_dtype=bf16 (model.matmul_dtype): the product of the bf16-rounded operands in
+  float32, and float32 gradients: the tiled path's from the rounded cotangent too (as
+  mot.matmul's dense layers), the ragged path's those of autodiff through the roundings."""
+  rng = np.random.default_rng(0)
+  e = jnp.asarray(rng.integers(0, 3, size=(2, 9)), jnp.int32)
+  x = jnp.asarray(rng.normal(size=(2, 9, 4)), jnp.float32)
+  w = jnp.asarray(rng.normal(size=(3, 4, 5)), jnp.float32)
+  ct = jnp.asarray(rng.normal(size=(2, 9, 5)), jnp.float32)
+  rounded = lambda a: a.astype(jnp.bfloat16).astype(jnp.float32)
+  hi = jax.lax.Precision.HIGHEST
+
+  def grouped(x, w):
+    g = experts.group_by_expert(e, 3, impl, tile=4)
+    y = experts.grouped_matmul(g.dispatch(x), w, g, 1, jnp.dtype(jnp.bfloat16))
+    return jnp.sum(g.combine(y) * ct)
+
+  def reference(x, w):
+    return jnp.sum(jnp.einsum("bli,blio->blo", rounded(x), rounded(w)[e], precision=hi) * ct)
+
+  got = jax.jit(jax.value_and_grad(grouped, (0, 1)))(x, w)
+  want = jax.jit(jax.value_and_grad(reference, (0, 1)))(x, w)
+  if impl == "tiled":
+    want = (want[0], (jnp.einsum("blo,blio->bli", rounded(ct), rounded(w)[e], precision=hi),
+                      jnp.zeros_like(w).at[e].add(
+                          jnp.einsum("bli,blo->blio", rounded(x), rounded(ct), precision=hi))))
+  chex.assert_trees_all_equal_dtypes(got, want)
+  chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-5)
