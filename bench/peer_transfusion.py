@@ -17,7 +17,8 @@ image cut into 2x2 patches, given as a channel-last (4, 4, 4) latent: 16 image t
 One step = forward (its flow + text losses), backward, AdamW step, zero_grad. Prints one
 JSON line: tokens_per_s (32 + 16 = 48 tokens per example, like STACK.md; the begin/end
 markers it adds around an image are not counted), step_ms (median of --steps after
---warmup), parameters, threads, the LD_PRELOADed allocator if any, os.getloadavg().
+--warmup), parameters, threads, autocast, the LD_PRELOADed allocator if any,
+os.getloadavg(). `--autocast bfloat16` runs its forward under torch's mixed precision.
 """
 from __future__ import annotations
 
@@ -63,6 +64,10 @@ def main() -> None:
   parser.add_argument("--device", default="cpu", help="torch device: cpu or cuda")
   parser.add_argument("--threads", type=int, default=0,
                       help="torch.set_num_threads (0: torch's default, all cores)")
+  parser.add_argument("--autocast", default="", choices=["", "bfloat16"],
+                      help="bfloat16: the forward under torch.autocast, torch's mixed "
+                      "precision (bf16 matmuls, f32 parameters), to set beside mot's "
+                      "bf16 matmul operands; '' (default): float32 throughout")
   args = parser.parse_args()
   if args.threads:
     torch.set_num_threads(args.threads)
@@ -80,7 +85,8 @@ def main() -> None:
              for example in make_batch(args.batch, args.text_len, generator)]
     synchronize(device)
     start = time.perf_counter()
-    loss = model(batch)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bool(args.autocast)):
+      loss = model(batch)
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -97,6 +103,7 @@ def main() -> None:
       "torch": torch.__version__,
       "device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
       "threads": torch.get_num_threads(),
+      "autocast": args.autocast or "off",
       "tokens_per_s": round(tokens / step, 1),
       "step_ms": round(step * 1e3, 2),
       "step_ms_p10": round(sorted(times)[len(times) // 10] * 1e3, 2),

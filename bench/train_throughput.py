@@ -25,9 +25,10 @@ the jitted step, blocked until done. It prints the figures, then one JSON line:
                      Remat recomputation is not counted: these are model FLOPs.
   flops_per_s        flops_per_token x tokens_per_s.
   peak_flops_per_s   the machine's limit measured in this process: median of --peak_reps
-                     jitted `jnp.dot`s of two --peak_size^2 matrices (2 n^3 FLOPs) in the
-                     model's compute dtype (peak_dtype), before and after the steps; the
-                     larger median is the peak.
+                     jitted `jnp.dot`s of two --peak_size^2 matrices (2 n^3 FLOPs), their
+                     operands in the dtype of the model's matmul operands (peak_dtype:
+                     model.matmul_dtype, else the compute dtype) and the products summed in
+                     float32, before and after the steps; the larger median is the peak.
   mfu                flops_per_s / peak_flops_per_s.
   compile_s          trace + lowering + XLA compilation of the step (jax.monitoring events
                      of its first call), apart from step time; first_step_s includes its run.
@@ -101,15 +102,17 @@ def usable_cpus() -> int:
 
 
 def matmul_peak(size: int, reps: int, dtype: str = "float32") -> float:
-  """FLOP/s: median time of a jitted [size, size] @ [size, size] in `dtype` (2 size^3
-  FLOPs). The model's compute dtype: a bf16 run is measured against the bf16 peak, which
-  e.g. an AVX512-BF16 CPU reaches at twice the f32 rate."""
+  """FLOP/s: median time of a jitted [size, size] @ [size, size] of `dtype` operands
+  accumulated in float32 (2 size^3 FLOPs). `dtype` is the model's matmul operand dtype
+  (`model.matmul_dtype`, else its compute dtype), so a run with bf16 operands is measured
+  against the bf16 peak, which an AVX512-BF16 CPU reaches at about twice the f32 rate: on
+  such a CPU a bf16 x bf16 -> f32 dot runs at that rate and a bf16 -> bf16 one does not."""
   import jax
   import jax.numpy as jnp
   kx, ky = jax.random.split(jax.random.PRNGKey(0))
   x = jax.random.normal(kx, (size, size), jnp.float32).astype(dtype)
   y = jax.random.normal(ky, (size, size), jnp.float32).astype(dtype)
-  dot = jax.jit(jnp.dot)
+  dot = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32))
   dot(x, y).block_until_ready()
   times = []
   for _ in range(reps):
@@ -185,7 +188,7 @@ def measure(config, steps: int = 30, warmup: int = 3, peak_size: int = 2048,
   # ---- Input. ----
   data_iter = iter(train_lib.process_train_dataset(config, mesh))
 
-  peak_dtype = str(config.model.dtype)
+  peak_dtype = str(cfg.matmul_operand_dtype)
   peak_before = matmul_peak(peak_size, peak_reps, peak_dtype)
   step_s, wait_s, real_tokens, mask_fields = [], [], [], []
   with jax.set_mesh(mesh):
