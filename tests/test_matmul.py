@@ -9,8 +9,7 @@ import pytest
 
 from mot import matmul
 from mot.config import ModelConfig
-from mot.model import MoT, inputs_from_batch
-from tests.test_model import CFG, layout_batch, square_loss
+from tests.test_model import CFG, same_init_loss_and_grads
 
 BF16 = jnp.dtype(jnp.bfloat16)
 
@@ -60,15 +59,9 @@ def test_model_with_bf16_matmuls(experts):
   """The same parameters (init draws), a loss and gradients within bf16 rounding of the
   float32 model's, float32 gradients, and bf16 x bf16 products in the compiled program."""
   cfg = dataclasses.replace(CFG, experts=experts)
-  batch = jax.tree.map(jnp.asarray, layout_batch(True))
-  f32, bf16 = MoT(cfg), MoT(dataclasses.replace(cfg, matmul_dtype="bfloat16"))
-  params = f32.init(jax.random.PRNGKey(0), inputs_from_batch(batch))["params"]
-  chex.assert_trees_all_equal(
-      bf16.init(jax.random.PRNGKey(0), inputs_from_batch(batch))["params"], params)
-  params = jax.tree.map(lambda p: p + 0.02 * jax.random.normal(jax.random.PRNGKey(1), p.shape),
-                        params)   # adaLN-zero: let the DM head's modulation matter
-  grads = {name: jax.jit(jax.value_and_grad(lambda p, m=m: square_loss(m, p, batch)))
-           for name, m in (("f32", f32), ("bf16", bf16))}
+  params, f32, bf16 = same_init_loss_and_grads(
+      cfg, dataclasses.replace(cfg, matmul_dtype="bfloat16"))
+  grads = {"f32": f32, "bf16": bf16}
   (loss, g), (loss32, g32) = grads["bf16"](params), grads["f32"](params)
   chex.assert_trees_all_equal_dtypes(g, g32)
   np.testing.assert_allclose(loss, loss32, rtol=2e-2)

@@ -111,6 +111,21 @@ def square_loss(model, params, batch):
   return jnp.mean(logits ** 2) + jnp.mean(v ** 2)
 
 
+def same_init_loss_and_grads(cfg_a: ModelConfig, cfg_b: ModelConfig):
+  """Checks that two configs' models draw the same initial parameters, and returns those
+  parameters (perturbed so that the adaLN-zero DM head's modulation matters) and each
+  model's jitted value_and_grad of `square_loss` on `layout_batch(True)`."""
+  batch = jax.tree.map(jnp.asarray, layout_batch(True))
+  a, b = MoT(cfg_a), MoT(cfg_b)
+  params = a.init(jax.random.PRNGKey(0), inputs_from_batch(batch))["params"]
+  chex.assert_trees_all_equal(b.init(jax.random.PRNGKey(0), inputs_from_batch(batch))["params"],
+                              params)
+  params = jax.tree.map(lambda p: p + 0.02 * jax.random.normal(jax.random.PRNGKey(1), p.shape),
+                        params)
+  return params, *(jax.jit(jax.value_and_grad(lambda p, m=m: square_loss(m, p, batch)))
+                   for m in (a, b))
+
+
 def test_scan_and_loop_agree():
   import dataclasses
   batch = jax.tree.map(jnp.asarray, layout_batch(False))
@@ -135,15 +150,9 @@ def test_scan_unroll_keeps_parameters_and_gradients(unroll):
   (-1, or as many as the layers), the compiled step has no loop left."""
   import dataclasses
   cfg = dataclasses.replace(CFG, num_layers=5)
-  batch = jax.tree.map(jnp.asarray, layout_batch(True))
-  looped, unrolled = MoT(cfg), MoT(dataclasses.replace(cfg, scan_unroll=unroll))
-  params = looped.init(jax.random.PRNGKey(0), inputs_from_batch(batch))["params"]
-  chex.assert_trees_all_equal(
-      unrolled.init(jax.random.PRNGKey(0), inputs_from_batch(batch))["params"], params)
-  params = jax.tree.map(lambda p: p + 0.02 * jax.random.normal(jax.random.PRNGKey(1), p.shape),
-                        params)   # adaLN-zero: let the DM head's modulation matter
-  grads = {name: jax.jit(jax.value_and_grad(lambda p, m=m: square_loss(m, p, batch)))
-           for name, m in (("looped", looped), ("unrolled", unrolled))}
+  params, looped, unrolled = same_init_loss_and_grads(
+      cfg, dataclasses.replace(cfg, scan_unroll=unroll))
+  grads = {"looped": looped, "unrolled": unrolled}
   chex.assert_trees_all_close(grads["unrolled"](params), grads["looped"](params),
                               rtol=1e-5, atol=1e-6)
   loops = {name: " while(" in g.lower(params).compile().as_text() for name, g in grads.items()}
