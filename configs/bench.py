@@ -8,9 +8,13 @@ On a GPU add --config.model.dtype=bfloat16 (attention then runs through cuDNN's 
 kernel; README, Performance: "On a GPU") and run the peer with --device cuda.
 
 They are configs/digits.py's default run changed only where a field is set below, so
-train.py accepts them too. On a CPU, run both with tcmalloc preloaded (see the README's
-Performance section): XLA's CPU runtime maps and unmaps the step's scratch memory every
-step, and glibc's malloc then pays a page fault per 4 KiB page (47,000 a step for `peer`).
+train.py accepts them too. Both inherit its bf16 matmul operands (`model.matmul_dtype`:
+bf16 products summed in float32; parameters, activations and gradients stay float32);
+--config.model.matmul_dtype=same runs them in float32 throughout, as the peer runs.
+
+On a CPU, run both with tcmalloc preloaded (see the README's Performance section): XLA's
+CPU runtime maps and unmaps the step's scratch memory every step, and glibc's malloc then
+pays a page fault per 4 KiB page (47,000 a step for `peer`).
 
 Variants (the part after ':'):
   peer  lucidrains' transfusion-pytorch benchmark setting (shared/STACK.md, issue 9):
@@ -59,7 +63,8 @@ def get_config(arg: str = "peer") -> ml_collections.ConfigDict:
                                      # (no per-layer slicing and stacking of weights and
                                      # gradients) and a compile still under 10 s
   c.model.remat_policy = "none"      # nothing recomputed: activations fit easily on CPU
-  c.model.dtype = "float32"          # bf16 steps barely faster here (README Performance)
+  c.model.dtype = "float32"          # activations: bf16 ones are no faster on a CPU
+                                     # (README Performance); the matmul operands are bf16
 
   if variant == "peer":
     c.batch_size = 16                # rows per step: 16 examples, as the peer's batch

@@ -38,6 +38,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   d.shift_pixels = 0                 # no shift augmentation: photos have no blank border
   d.seq_len = 256                    # room for two examples with captions up to ~90 bytes
   d.examples_per_row = 2             # examples drawn per packed row
+  if c.variant == "default":
+    c.batch_size = 32                # rows a step (64 examples; the digits default's rows
+                                     # hold one example each, 96 a step)
   d.task_weights = ml_collections.ConfigDict(
       {"generation": 0.45, "reasoning": 0.45, "text": 0.1})  # no digit-only tasks
   c.sample.reason_shifts = 0         # read photos as given (they were not shifted in training)

@@ -360,7 +360,10 @@ class Pipeline:
         IMAGE_SIZES.get(config.data.dataset, 8)))
     self.num_frames = int(config.data.get("num_frames", 8))
     self.video_layout = str(config.data.get("video_layout", "clip"))
-    self.context_length = int(config.data.seq_len)
+    # Positions restart at 0 in every packed example, so the training row's length does
+    # not bound what the model reads: sample.context_length may allow more.
+    self.context_length = max(int(config.data.seq_len),
+                              int((config.get("sample") or {}).get("context_length", 0)))
     sample = config.get("sample") or {}
     self.default_steps = int(sample.get("steps", 32))
     self.default_sampler = str(sample.get("sampler", "euler"))
@@ -396,7 +399,8 @@ class Pipeline:
     if n + extra > self.context_length:
       raise InputError(
           f"{what} needs {n + extra} tokens but the model's context is "
-          f"{self.context_length} (config.data.seq_len): shorten the prompt")
+          f"{self.context_length} (the larger of config.data.seq_len and "
+          "config.sample.context_length): shorten the prompt")
 
   def reasoning_prompt(self, text: str, image: np.ndarray | None = None,
                        video: np.ndarray | None = None) -> dict[str, np.ndarray]:

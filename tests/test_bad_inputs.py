@@ -42,6 +42,8 @@ def train_cases(workdir, a_file):
       "negative batch": [*TINY, *w, "--config.batch_size=-4"],
       "bad learning rate": [*TINY, *w, "--config.learning_rate=-1.0"],
       "scan unroll zero": [*TINY, *w, "--config.model.scan_unroll=0"],
+      "unknown matmul dtype": [*TINY, *w, "--config.model.matmul_dtype=int8"],
+      "negative sampling context": [*TINY, *w, "--config.sample.context_length=-1"],
       "dropout out of range": [*TINY, *w, "--config.model.dropout_rate=1.5"],
       "label smoothing out of range": [*TINY, *w, "--config.ar_label_smoothing=1.0"],
       "zero time shift": [*TINY, *w, "--config.sample.shift=0.0"],

@@ -37,8 +37,7 @@ def test_cli_prints_a_json_line_with_every_figure():
   assert result["steps"] == 2 and np.isfinite(result["loss"])
   for key in ("tokens_per_s", "step_ms", "flops_per_token", "peak_flops_per_s", "mfu"):
     assert result[key] > 0, key
-  assert result["peak_dtype"] == "float32"   # the config's model.dtype
-
+  assert result["peak_dtype"] == "bfloat16"   # the config's model.matmul_dtype
 
 @pytest.mark.parametrize("variant", bench_configs.VARIANTS)
 def test_bench_config_rows_hold_their_examples_whole(variant):

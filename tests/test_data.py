@@ -376,7 +376,8 @@ def test_packing_drops_what_does_not_fit():
 
 def test_an_overfull_row_config_warns_once_with_the_fix(caplog):
   from configs import digits as digits_config
-  config = digits_config.get_config().data   # 3 x 44 (interleaved) > 128 tokens
+  config = digits_config.get_config().data
+  config.seq_len, config.examples_per_row = 128, 3   # 3 x 44 (interleaved) > 128 tokens
   pipeline._WARNED.clear()
   with caplog.at_level("WARNING"):
     pipeline.validate(config)

@@ -16,7 +16,11 @@ TRAIN_ARGS = ["train.py", "--config", "configs/digits.py:tiny",
               "--config.checkpoint_every_steps=2", f"--config.eval_every_steps={STEPS}",
               # data spans the two processes; fsdp and tensor stay inside each. With the
               # tiny model's single KV head, tensor=2 also covers the replicated fallback.
-              "--config.mesh_shape=(2,2,2)"]
+              "--config.mesh_shape=(2,2,2)",
+              # float32 matmul operands: the two layouts' collectives sum in different
+              # orders, and bf16 operands would turn those last bits into rounding flips
+              # (tests/_sharding_worker.py checks the bf16 default on a mesh apart)
+              "--config.model.matmul_dtype=same"]
 TIMEOUT = 240
 
 

@@ -15,10 +15,13 @@ from mot.pipeline import InputError, Pipeline
 
 
 def make_pipe(experts="shared"):
-  """A Pipeline over the tiny config with random parameters."""
+  """A Pipeline over the tiny config with random parameters, float32 matmul operands:
+  these tests hold cached and uncached passes equal to float32 rounding, and bf16
+  operands would round their last-bit differences to the neighbouring bf16 value."""
   from configs import digits as digits_config
   config = digits_config.get_config("tiny")
   config.model.experts = experts
+  config.model.matmul_dtype = "same"
   shell = Pipeline(config, None)
   inputs = inputs_from_batch(_as_batch(_full_example(shell, [20, 21])))
   return Pipeline(config, random_params(shell.model, inputs))
@@ -41,6 +44,20 @@ def random_params(model, inputs, seed=0):
     return jnp.asarray(base + 0.1 * rng.standard_normal(leaf.shape), leaf.dtype)
 
   return jax.tree_util.tree_map_with_path(fill, shapes["params"])
+
+
+def test_sampling_context_is_the_larger_of_row_length_and_sample_context_length():
+  """The digits default trains rows of 44 tokens (one example each) but reads prompts up
+  to config.sample.context_length: a reading prompt plus 16 new tokens (54) fits; without
+  the field it would not, and says so in one line."""
+  from configs import digits as digits_config
+  config = digits_config.get_config()
+  assert config.data.seq_len == 44 and Pipeline(config, None).context_length == 128
+  config.sample.context_length = 0
+  shell = Pipeline(config, None)
+  assert shell.context_length == 44
+  with pytest.raises(InputError, match=r"needs 5\d tokens but the model's context is 44"):
+    shell.reason("What digit is this?", images=np.zeros((8, 8), np.float32), shifts=0)
 
 
 def test_reasoning_prompt_reads_images_as_the_reading_task_trained():

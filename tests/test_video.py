@@ -288,6 +288,9 @@ def _tiny_config():
 @pytest.fixture(scope="module")
 def pipe():
   config = _tiny_config()
+  # float32 matmul operands: the cached-vs-full tests below hold two programs equal to
+  # float32 rounding, which bf16 operands would turn into rounding flips of 2^-8
+  config.model.matmul_dtype = "same"
   shell = pipeline.Pipeline(config, None)
   ex = shell.world_model_example(np.zeros((16, 16), np.float32), np.zeros((2, 2)))
   return pipeline.Pipeline(config, random_params(shell.model, inputs_from_batch(
@@ -298,6 +301,7 @@ def pipe():
 def clip_pipe(pipe):
   """The same parameters read with the one-block clip layout (older checkpoints)."""
   config = _tiny_config()
+  config.model.matmul_dtype = "same"
   config.data.video_layout = "clip"
   return pipeline.Pipeline(config, pipe.params)
 
