@@ -360,11 +360,10 @@ class Pipeline:
         IMAGE_SIZES.get(config.data.dataset, 8)))
     self.num_frames = int(config.data.get("num_frames", 8))
     self.video_layout = str(config.data.get("video_layout", "clip"))
+    sample = config.get("sample") or {}
     # Positions restart at 0 in every packed example, so the training row's length does
     # not bound what the model reads: sample.context_length may allow more.
-    self.context_length = max(int(config.data.seq_len),
-                              int((config.get("sample") or {}).get("context_length", 0)))
-    sample = config.get("sample") or {}
+    self.context_length = max(int(config.data.seq_len), int(sample.get("context_length", 0)))
     self.default_steps = int(sample.get("steps", 32))
     self.default_sampler = str(sample.get("sampler", "euler"))
     self.default_cfg_scale = float(sample.get("cfg_scale", 1.0))
