@@ -315,3 +315,36 @@ def test_seed_sweep_passes_sigterm_to_its_runs_and_says_how_to_resume(tmp_path):
     assert (tmp_path / "sweep" / "slow" / f"seed_{seed}" / "stopped.txt").exists()
   assert not (tmp_path / "sweep" / "slow" / "seed_2" / "started.txt").exists()
   assert json.loads(stdout.strip().splitlines()[-1])["summary"]["slow"]["failed"] == 3
+
+
+def test_cnn_reader_views_are_the_reading_shifts():
+  from bench import cnn_reader
+  from mot.data import digits, tasks
+  images = digits.load_digits_split()[2][:5]
+  views = cnn_reader.shifted_views(images, 1)
+  chex.assert_shape(views, (9, 5, 8, 8))
+  np.testing.assert_array_equal(views[4], images)             # (0, 0) in the middle
+  np.testing.assert_array_equal(views[0], tasks.shift_image(images, -1, -1))
+  np.testing.assert_array_equal(views[5], tasks.shift_image(images, 0, 1))
+  assert cnn_reader.shifted_views(images, 0).shape == (1, 5, 8, 8)
+
+
+def test_cnn_reader_learns_to_read_and_reports_every_seed(tmp_path):
+  """A few hundred steps already read most held-out digits (chance is 10 %), so a broken
+  augmentation, read-out or label pairing fails here."""
+  proc = subprocess.run(
+      [sys.executable, "-m", "bench.cnn_reader", "--seeds", "0,1", "--steps", "200",
+       "--width", "8"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  result = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert [r["seed"] for r in result["seeds"]] == [0, 1] and result["views"] == 9
+  for r in result["seeds"]:
+    assert r["accuracy"] > 0.8 and r["accuracy_single_view"] > 0.7, r
+    assert r["accuracy"] == pytest.approx(1 - len(r["misread"]) / 297)
+  assert result["always_misread"] == sorted(
+      set(result["seeds"][0]["misread"]) & set(result["seeds"][1]["misread"]))
+  assert result["ensemble_accuracy"] == pytest.approx(1 - len(result["ensemble_misread"]) / 297)
+  bad = subprocess.run([sys.executable, "-m", "bench.cnn_reader", "--seeds", "a"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+  assert bad.returncode == 1 and "Traceback" not in bad.stderr
+  assert bad.stderr.strip().count("\n") == 0 and "--seeds" in bad.stderr, bad.stderr
