@@ -329,7 +329,7 @@ def test_cnn_reader_views_are_the_reading_shifts():
   assert cnn_reader.shifted_views(images, 0).shape == (1, 5, 8, 8)
 
 
-def test_cnn_reader_learns_to_read_and_reports_every_seed(tmp_path):
+def test_cnn_reader_learns_to_read_and_reports_every_seed():
   """A few hundred steps already read most held-out digits (chance is 10 %), so a broken
   augmentation, read-out or label pairing fails here."""
   proc = subprocess.run(
