@@ -34,7 +34,8 @@ NUM_CLASSES = 10
 
 def _define_flags() -> None:
   """Flags only when run as a script (tests import the module beside other benches)."""
-  flags.DEFINE_list("seeds", ["0", "1", "2", "3", "4"], "Seeds (init, data order, dropout).")
+  flags.DEFINE_string("seeds", "0,1,2,3,4", "Comma-separated seeds (init, data order, "
+                      "dropout).")
   flags.DEFINE_integer("steps", 3000, "Optimizer steps per seed.")
   flags.DEFINE_integer("batch_size", 128, "Images per step.")
   flags.DEFINE_float("learning_rate", 2e-3, "Peak AdamW learning rate (cosine decay).")
@@ -142,12 +143,13 @@ def main(argv):
   from mot import cli
   if len(argv) > 1:
     cli.fail(f"unexpected arguments {argv[1:]}: bench.cnn_reader takes only flags (--help)")
+  from bench.seed_sweep import SweepError, parse_seeds
   try:
-    seeds = [int(s) for s in FLAGS.seeds]
-  except ValueError:
-    cli.fail(f"--seeds={','.join(FLAGS.seeds)} must be integers, e.g. --seeds 0,1,2")
-  if not seeds or FLAGS.steps < 1 or FLAGS.batch_size < 1 or FLAGS.width < 1:
-    cli.fail("--seeds needs at least one seed, and --steps, --batch_size and --width must be >= 1")
+    seeds = parse_seeds(FLAGS.seeds)
+  except SweepError as e:
+    cli.fail(str(e))
+  if FLAGS.steps < 1 or FLAGS.batch_size < 1 or FLAGS.width < 1:
+    cli.fail("--steps, --batch_size and --width must be >= 1")
   if FLAGS.shift_pixels < 0 or FLAGS.learning_rate <= 0:
     cli.fail("--shift_pixels must be >= 0 and --learning_rate > 0")
   print(json.dumps(run(seeds, FLAGS.steps, FLAGS.batch_size, FLAGS.learning_rate,

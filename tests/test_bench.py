@@ -344,7 +344,8 @@ def test_cnn_reader_learns_to_read_and_reports_every_seed():
   assert result["always_misread"] == sorted(
       set(result["seeds"][0]["misread"]) & set(result["seeds"][1]["misread"]))
   assert result["ensemble_accuracy"] == pytest.approx(1 - len(result["ensemble_misread"]) / 297)
-  bad = subprocess.run([sys.executable, "-m", "bench.cnn_reader", "--seeds", "a"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=120)
-  assert bad.returncode == 1 and "Traceback" not in bad.stderr
-  assert bad.stderr.strip().count("\n") == 0 and "--seeds" in bad.stderr, bad.stderr
+  for seeds in ("a", "1,1"):  # a duplicate seed would count twice in the ensemble
+    bad = subprocess.run([sys.executable, "-m", "bench.cnn_reader", "--seeds", seeds],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr
+    assert bad.stderr.strip().count("\n") == 0 and "--seeds" in bad.stderr, bad.stderr
