@@ -15,7 +15,7 @@ with --images FIRST_FRAME.png runs the world model (action-conditioned predictio
   python sample.py --workdir runs/moving --mode generate --images first.png \\
       --actions right,right,right,down,down,down,down --out predicted/
 
-All logic lives in mot.pipeline (`mot.Pipeline`, `run_sample`).
+All logic lives in mot.sample_cli (the command) and mot.pipeline (`mot.Pipeline`).
 """
 from absl import flags
 
@@ -67,13 +67,14 @@ def main(argv):
     images += argv[1:]
   cli.configure_logging()  # stdout stays clean for --json; library chatter filtered
   with cli.clean_errors():
-    from mot import pipeline  # pylint: disable=g-import-not-at-top
-    pipeline.run_sample(FLAGS.workdir, FLAGS.mode, images, FLAGS.prompt, FLAGS.json,
-                        FLAGS.num_samples, FLAGS.out, FLAGS.steps, FLAGS.cfg_scale,
-                        FLAGS.sampler, FLAGS.seed, actions=FLAGS.actions,
-                        num_frames=FLAGS.num_frames, reason_shifts=FLAGS.reason_shifts)
-
+    from mot import sample_cli  # here, not at the top: --help and flag errors skip JAX's import
+    sample_cli.run_sample(sample_cli.Request(
+        workdir=FLAGS.workdir, mode=FLAGS.mode, images=images, prompts=FLAGS.prompt,
+        as_json=FLAGS.json, num_samples=FLAGS.num_samples, out=FLAGS.out, steps=FLAGS.steps,
+        cfg_scale=FLAGS.cfg_scale, sampler=FLAGS.sampler, seed=FLAGS.seed,
+        actions=FLAGS.actions, num_frames=FLAGS.num_frames,
+        reason_shifts=FLAGS.reason_shifts))
 
 if __name__ == "__main__":
-  cli.maybe_reexec_with_tcmalloc()  # XLA CPU temporaries: see mot/cli.py
+  cli.tune_malloc()  # keep XLA's per-step CPU scratch memory (see mot/cli.py)
   cli.run(main)

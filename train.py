@@ -37,5 +37,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.maybe_reexec_with_tcmalloc()
+  cli.tune_malloc()  # keep XLA's per-step CPU scratch memory (see mot/cli.py)
   cli.run(main)

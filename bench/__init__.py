@@ -13,10 +13,10 @@ def load_pipeline(workdir: str | None, variant: str = "", seed: int = 0):
   if workdir:
     return Pipeline.from_workdir(workdir)
   from configs import digits
-  from mot import train_lib
+  from mot import step as step_lib
   from mot.model import inputs_from_batch
   shell = Pipeline(digits.get_config(variant), None)
-  batch = jax.tree.map(jnp.asarray, train_lib.dummy_batch(shell.model_cfg, 8))
+  batch = jax.tree.map(jnp.asarray, step_lib.dummy_batch(shell.model_cfg, 8))
   shapes = nn.meta.unbox(jax.eval_shape(shell.model.init, jax.random.PRNGKey(0),
                                         inputs_from_batch(batch)))["params"]
   rng = np.random.default_rng(seed)

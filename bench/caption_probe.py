@@ -46,7 +46,7 @@ def first_frame_errors(pipe, first_frame: np.ndarray, captions: list[str],
   from mot import sampling
   from mot.data import digits
   p, dims = pipe.patch_size, pipe.patch_size ** 2
-  examples = [pipe.video_generation_example(text, pipe.num_frames) for text in captions]
+  examples = [pipe.prompts.video_generation_example(text, pipe.num_frames) for text in captions]
   split = [sampling.split_block(e) for e in examples]
   longest = max(len(prefix["tokens"]) for prefix, _ in split)
   prefix = sampling.pad_left([s[0] for s in split], sampling.length_bucket(longest))
@@ -107,12 +107,13 @@ def main(argv):
   del argv
   from mot import cli
   from mot.checkpoint import CheckpointError
-  from mot.pipeline import InputError, Pipeline
+  from mot.errors import InputError
+  from mot.pipeline import Pipeline
   if FLAGS.clips < 1:
     cli.fail(f"--clips={FLAGS.clips} must be >= 1")
   try:
     pipe = Pipeline.from_workdir(FLAGS.workdir)
-    pipe._require_video("bench.caption_probe")  # pylint: disable=protected-access
+    pipe.require_video("bench.caption_probe")
     if pipe.video_layout != "frames":
       raise InputError("bench.caption_probe probes frame-by-frame checkpoints "
                        "(config.data.video_layout='frames'); this one draws whole clips")
@@ -123,7 +124,7 @@ def main(argv):
 
 if __name__ == "__main__":
   from mot import cli as _cli
-  _cli.maybe_reexec_with_tcmalloc()  # as train.py and sample.py
+  _cli.tune_malloc()  # keep XLA's per-step CPU scratch memory (see mot/cli.py)
   _define_flags()
   flags.mark_flag_as_required("workdir")
   app.run(main)

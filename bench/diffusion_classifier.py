@@ -79,7 +79,7 @@ def caption_errors(pipe, images: np.ndarray, captions: list[str], draws: int = 3
   """
   from mot import sampling
   from mot.data import digits
-  from mot.pipeline import to_model_scale
+  from mot.media import to_model_scale
   if pipe.is_video:
     raise ValueError("caption_errors scores still images; this is a video checkpoint")
   p, width = pipe.patch_size, pipe.patch_size ** 2
@@ -87,7 +87,7 @@ def caption_errors(pipe, images: np.ndarray, captions: list[str], draws: int = 3
   x0 = x0.reshape(len(images), -1, width)
   m, pd = x0.shape[1], pipe.model_cfg.patch_dim
   x0 = np.pad(x0, ((0, 0), (0, 0), (0, pd - width))).astype(np.float32)
-  split = [sampling.split_block(pipe.generation_example(c)) for c in captions]
+  split = [sampling.split_block(pipe.prompts.generation_example(c)) for c in captions]
   length = sampling.length_bucket(max(len(prefix["tokens"]) for prefix, _ in split))
   k = len(captions)
   per_call = max(1, MAX_ROWS // k)
@@ -113,9 +113,9 @@ def caption_errors(pipe, images: np.ndarray, captions: list[str], draws: int = 3
 
 def probe(pipe, draws: int = 32, seed: int = 0, num_images: int | None = None) -> dict:
   """The module doc's figures over the first `num_images` held-out digits (all: None)."""
-  from mot import evaluate
+  from mot import eval_digits
   from mot.data import digits, tasks
-  from mot.pipeline import to_unit_images
+  from mot.media import to_unit_images
   _, _, held_x, held_y = digits.load_digits_split()
   held_px, held_y = digits.to_pixels(held_x)[:num_images], held_y[:num_images]
   unit, _ = to_unit_images(held_px, pipe.image_size)
@@ -123,9 +123,9 @@ def probe(pipe, draws: int = 32, seed: int = 0, num_images: int | None = None) -
   errors = caption_errors(pipe, unit, [tasks.caption(k) for k in range(10)], draws, seed)
   seconds = time.perf_counter() - start
   answers = [tasks.answer(int(k)) for k in errors.argmin(axis=1)]
-  misread = evaluate.misreadings(answers, held_y)
-  reading, ar_answers = evaluate.reasoning_accuracy(pipe, held_px, held_y)
-  ar_misread = evaluate.misreadings(ar_answers, held_y)
+  misread = eval_digits.misreadings(answers, held_y)
+  reading, ar_answers = eval_digits.reasoning_accuracy(pipe, held_px, held_y)
+  ar_misread = eval_digits.misreadings(ar_answers, held_y)
   both = sorted({m["index"] for m in misread} & {m["index"] for m in ar_misread})
   return {"step": pipe.step, "images": len(held_y),
           "accuracy": 1.0 - len(misread) / len(held_y), "misread": misread,
@@ -154,7 +154,7 @@ def main(argv):
 
 if __name__ == "__main__":
   from mot import cli as _cli
-  _cli.maybe_reexec_with_tcmalloc()  # as train.py and sample.py
+  _cli.tune_malloc()  # keep XLA's per-step CPU scratch memory (see mot/cli.py)
   _define_flags()
   flags.mark_flag_as_required("workdir")
   app.run(main)

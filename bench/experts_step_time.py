@@ -30,11 +30,11 @@ flags.DEFINE_integer("warmup", 3, "Untimed steps per variant after compilation."
 
 def _variant(config, experts: str, batches):
   """(jitted step, state, rng) of `config` with `experts`, warmed up."""
-  from mot import train_lib
+  from mot import step as step_lib
   config = config.copy_and_resolve_references()
   with config.unlocked():
     config.model.experts = experts
-  t = train_lib.build_training(config)
+  t = step_lib.build_training(config)
   state = t.state
   with jax.set_mesh(t.mesh):
     for b in batches[:1] * max(FLAGS.warmup, 1):
@@ -81,5 +81,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.maybe_reexec_with_tcmalloc()  # as train.py
+  cli.tune_malloc()  # keep XLA's per-step CPU scratch memory (see mot/cli.py)
   cli.run(main)

@@ -71,5 +71,5 @@ def main(argv):
 
 if __name__ == "__main__":
   from mot import cli
-  cli.maybe_reexec_with_tcmalloc()  # as train.py and sample.py
+  cli.tune_malloc()  # keep XLA's per-step CPU scratch memory (see mot/cli.py)
   app.run(main)

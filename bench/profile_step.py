@@ -3,7 +3,7 @@
   python -m bench.profile_step --config configs/bench.py:peer
   python -m bench.profile_step --config configs/digits.py --steps 3 --top 15
 
-Builds the state and the jitted step as train.py does (`train_lib.build_training`), runs
+Builds the state and the jitted step as train.py does (`step_lib.build_training`), runs
 `--warmup` steps (compiles), traces `--steps` more with `jax.profiler`, then reads the
 trace back in this process
 (`jax.profiler.ProfileData`, no TensorBoard needed). XLA's worker threads (the lines whose
@@ -139,10 +139,11 @@ def profile_step() -> None:
   """Traces FLAGS.steps train steps and prints the op-kind table and the JSON line."""
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   from mot import config as config_lib, sharding, train_lib  # pylint: disable=g-import-not-at-top
+  from mot import step as step_lib
   config = FLAGS.config
   if FLAGS.steps < 1 or FLAGS.warmup < 1:
     raise config_lib.ConfigError("--steps and --warmup must be at least 1")
-  t = train_lib.build_training(config)
+  t = step_lib.build_training(config)
   data = iter(train_lib.process_train_dataset(config, t.mesh))
   batches = [sharding.global_batch(t.mesh, next(data), config.batch_size)
              for _ in range(FLAGS.warmup + FLAGS.steps)]   # input work stays out of the trace
@@ -189,6 +190,6 @@ def profile_step() -> None:
 
 
 if __name__ == "__main__":
-  cli.maybe_reexec_with_tcmalloc()  # as train.py
+  cli.tune_malloc()  # keep XLA's per-step CPU scratch memory (see mot/cli.py)
   define_flags()
   cli.run(main)

@@ -32,8 +32,9 @@ def main(argv):
   del argv
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   from mot import layers, sharding, train_lib  # pylint: disable=g-import-not-at-top
+  from mot import step as step_lib
   config = FLAGS.config
-  t = train_lib.build_training(config)
+  t = step_lib.build_training(config)
   model, mesh, rules, state, rng = t.model, t.mesh, t.rules, t.state, t.step_rng
   batch = sharding.global_batch(
       mesh, next(iter(train_lib.process_train_dataset(config, mesh))), config.batch_size)
@@ -41,7 +42,7 @@ def main(argv):
   def make_loss_and_grad():
     # A new function object per version: jax.jit caches traces by function identity.
     def loss_and_grad(params, batch, rng):
-      return jax.value_and_grad(train_lib.compute_losses, has_aux=True)(
+      return jax.value_and_grad(step_lib.compute_losses, has_aux=True)(
           params, batch, rng, model, config)
     return jax.jit(loss_and_grad)
 
@@ -79,5 +80,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.maybe_reexec_with_tcmalloc()  # as train.py
+  cli.tune_malloc()  # keep XLA's per-step CPU scratch memory (see mot/cli.py)
   cli.run(main)

@@ -37,7 +37,8 @@ the jitted step, blocked until done. It prints the figures, then one JSON line:
   cpu_ms_per_step    user and system CPU time of the process per timed step (getrusage):
                      user ~ 2 x step_ms when both cores compute; high system time means
                      page faults (minor_faults_per_step) from freshly mapped memory.
-  malloc             LD_PRELOAD, if any (e.g. tcmalloc: see the README's Performance).
+  malloc             what mot.cli.tune_malloc did: glibc-tuned, tcmalloc (LD_PRELOAD) or
+                     default (MOT_MALLOC=default; docs/performance.md).
   peak_rss_mb        the process's peak resident memory (resource.getrusage).
   xla_memory_mb      the compiled step's `memory_analysis()` (arguments, outputs, aliased by
                      donation, temporaries).
@@ -55,6 +56,8 @@ import time
 
 from absl import flags
 from ml_collections import config_flags
+
+from mot import cli
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file(
@@ -168,6 +171,7 @@ def measure(config, steps: int = 30, warmup: int = 3, peak_size: int = 2048,
   import numpy as np
   from mot import config as config_lib
   from mot import sharding, train_lib
+  from mot import step as step_lib
 
   if steps < 1 or warmup < 1:
     raise config_lib.ConfigError("--steps and --warmup must be at least 1")
@@ -175,10 +179,10 @@ def measure(config, steps: int = 30, warmup: int = 3, peak_size: int = 2048,
   loadavg_start = os.getloadavg()
 
   # ---- Mesh, model, state (born sharded), jitted step: as train_and_evaluate. ----
-  t = train_lib.build_training(config)
+  t = step_lib.build_training(config)
   mesh, state, step_rng, p_step = t.mesh, t.state, t.step_rng, t.p_train_step
   with jax.set_mesh(mesh), nn.logical_axis_rules(t.rules):
-    boxed = jax.eval_shape(train_lib.init_state_fn(t.model, t.tx, config.data.seq_len),
+    boxed = jax.eval_shape(step_lib.init_state_fn(t.model, t.tx, config.data.seq_len),
                            jax.random.PRNGKey(0))
   n_passed, n_embedding = active_params(boxed.params)
   n_total = sum(x.size for x in jax.tree.leaves(state.params))
@@ -264,7 +268,7 @@ def measure(config, steps: int = 30, warmup: int = 3, peak_size: int = 2048,
       "cpu_user_ms_per_step": round((usage.ru_utime - usage_start.ru_utime) * 1e3 / steps, 1),
       "cpu_sys_ms_per_step": round((usage.ru_stime - usage_start.ru_stime) * 1e3 / steps, 1),
       "minor_faults_per_step": round((usage.ru_minflt - usage_start.ru_minflt) / steps),
-      "malloc": os.environ.get("LD_PRELOAD", "") or "default",
+      "malloc": cli.malloc_mode(),
       "cpus": usable_cpus(),
       "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
       "xla_memory_mb": xla_memory,
@@ -298,6 +302,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  from mot import cli
-  cli.maybe_reexec_with_tcmalloc()  # as train.py: time what a training run gets
+  cli.tune_malloc()  # keep XLA's per-step CPU scratch memory (see mot/cli.py)
   cli.run(main)

@@ -44,12 +44,13 @@ def main(argv):
   from mot import cli
   from mot.checkpoint import CheckpointError
   from mot.data import digits, moving_digits
-  from mot.pipeline import InputError, Pipeline
+  from mot.errors import InputError
+  from mot.pipeline import Pipeline
   if FLAGS.clips_per_digit < 1:
     cli.fail(f"--clips_per_digit={FLAGS.clips_per_digit} must be >= 1")
   try:
     pipe = Pipeline.from_workdir(FLAGS.workdir)
-    pipe._require_video("bench.video_consistency")  # pylint: disable=protected-access
+    pipe.require_video("bench.video_consistency")
     labels = np.repeat(np.arange(10), FLAGS.clips_per_digit)
     clips = pipe.generate([moving_digits.caption(int(k), "right") for k in labels],
                           seed=FLAGS.seed)
@@ -69,6 +70,6 @@ def main(argv):
 
 if __name__ == "__main__":
   from mot import cli as _cli
-  _cli.maybe_reexec_with_tcmalloc()  # as train.py and sample.py
+  _cli.tune_malloc()  # keep XLA's per-step CPU scratch memory (see mot/cli.py)
   flags.mark_flag_as_required("workdir")
   app.run(main)

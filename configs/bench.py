@@ -53,8 +53,6 @@ def get_config(arg: str = "peer") -> ml_collections.ConfigDict:
   # ---- Data: examples with one image each (the peer's have one image and text). ----
   c.data.task_weights = ml_collections.ConfigDict(  # caption->image, image->answer only
       {"generation": 0.5, "reasoning": 0.5, "text": 0.0, "interleaved": 0.0})
-  c.data.num_threads = 1             # grain reading threads (the step needs both cores)
-  c.data.prefetch = 2                # batches grain prepares ahead of the step
 
   # ---- Model shared by both variants. ----
   c.model.head_dim = 64              # per-head width

@@ -86,6 +86,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # ---- Data. ----
   c.data = ml_collections.ConfigDict()
   c.data.dataset = "digits"          # scikit-learn's bundled digits (1500 train / 297 held out)
+  c.data.image_size = IMAGE          # side of the bundled digits (fixed at 8)
   c.data.seq_len = 44                # row length in tokens: the longest example (44)
   c.data.examples_per_row = 1        # examples per row: one, so no attention is spent on
                                      # scores between examples that the mask throws away
@@ -110,11 +111,15 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                                      # read 97.6 % vs the default's 97.3 %, within noise)
   c.data.validation_size = 0         # tuning: > 0 trains without the last N training digits
                                      # and evaluates on them, never on the 297 held out
+  c.data.num_threads = 1             # grain threads preparing examples
+  c.data.prefetch = 2                # batches grain prepares ahead of the step
+  c.data.workers = 0                 # worker processes making batches (0: none; same batches)
   c.data.task_weights = ml_collections.ConfigDict(  # task mix (interleaved: think, then draw)
       {"generation": 0.35, "reasoning": 0.45, "text": 0.1, "interleaved": 0.1})
 
   # ---- Model (becomes the frozen mot.config.ModelConfig). ----
   c.model = ml_collections.ConfigDict()
+  c.model.vocab_size = 272           # token ids: the byte tokenizer's 272 (mot/tokenizer.py)
   c.model.d_model = 256              # residual width
   c.model.num_layers = 4             # transformer blocks
   c.model.num_heads = 4              # query heads
@@ -125,8 +130,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.model.modality_patch_dims = (0, 4, 4, 2)  # real patch dims of text/image/video/action
   c.model.rope_sections = (8, 12, 12)  # M-RoPE frequencies for (t, h, w); sum = head_dim/2
   c.model.rope_theta = 10000.0       # RoPE base
-  c.model.rope_interleaved = True    # Qwen3-VL layout: every axis gets high frequencies (see README)
+  c.model.rope_interleaved = True    # Qwen3-VL layout: every axis gets high frequencies
+                                     # (docs/design.md §2)
   c.model.time_embed_dim = 256       # sinusoidal timestep features
+  c.model.norm_eps = 1e-6            # RMSNorm epsilon
   c.model.dropout_rate = 0.0         # residual dropout while training (sampling: none)
   c.model.experts = "shared"         # "shared" | "mode" | "modality" weight tying
   c.model.expert_impl = "auto"       # grouped matmul: "tiled" | "ragged" (ragged_dot) | "auto"

@@ -4,7 +4,8 @@ The digits model and task mix (caption -> image, image -> caption, caption LM) o
 pairs, resized to data.image_size x data.image_size grayscale (see mot/data/user_data.py).
 
   python train.py --config configs/image_folder.py --workdir DIR --config.data.path=/path/to/folder
-  python train.py --config configs/image_folder.py:tiny --workdir /tmp/tiny --config.data.path=pairs.jsonl
+  python train.py --config configs/image_folder.py:tiny --workdir /tmp/tiny \\
+      --config.data.path=pairs.jsonl
   python train.py --config configs/image_folder.py --workdir DIR \\
       --config.data.dataset=array_record --config.data.path='/data/train-*.array_record'
 

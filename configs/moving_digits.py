@@ -63,6 +63,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.data.patch_size = PATCH          # frame -> (16/4)^2 = 16 patches of 16 pixels
   c.data.patch_dim = PATCH * PATCH   # width of the patches field (>= patch_size**2)
   c.data.shift_pixels = 0            # unused: the motion itself moves the digit around
+  c.data.num_threads = 1             # grain threads preparing examples
+  c.data.prefetch = 2                # batches grain prepares ahead of the step
+  c.data.workers = 0                 # worker processes making batches (0: none; same batches)
   c.data.validation_size = 0         # tuning: > 0 trains without the last N training digits
                                      # and evaluates on their clips, never on the 297 held out
   c.data.task_weights = ml_collections.ConfigDict(  # task mix (see the docstring; the README

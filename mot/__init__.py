@@ -8,6 +8,6 @@ __all__ = ["Pipeline"]
 
 def __getattr__(name):
   if name == "Pipeline":
-    from mot.pipeline import Pipeline  # pylint: disable=g-import-not-at-top
+    from mot.pipeline import Pipeline  # lazy: keeps `import mot` free of JAX and Flax
     return Pipeline
   raise AttributeError(f"module 'mot' has no attribute {name!r}")

@@ -16,13 +16,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+
+from mot.errors import CheckpointError  # noqa: F401  (raised here; also mot.checkpoint's name)
 from etils import epath
 
 CHECKPOINT_DIR = "checkpoints"
-
-
-class CheckpointError(RuntimeError):
-  """A workdir without a usable checkpoint; the message says what to do."""
 
 
 def checkpoint_dir(workdir: str) -> str:

@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 
 from mot import tokenizer
+from mot.data import input_pipeline
+from mot.errors import ConfigError, field  # noqa: F401  (mot.config.ConfigError, too)
 
 EXPERT_MODES = ("shared", "mode", "modality")
 EXPERT_IMPLS = ("auto", "tiled", "ragged")
@@ -20,41 +22,36 @@ ATTENTION_IMPLS = ("auto", "xla", "cudnn")
 MATMUL_DTYPES = ("float32", "bfloat16", "float16")   # besides "same"
 
 
-class ConfigError(ValueError):
-  """A config value that cannot work; the message names the field and the fix."""
-
-
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Hyper-parameters of the backbone and both heads (see configs/*.py for meanings)."""
-  vocab_size: int = tokenizer.VOCAB_SIZE
-  d_model: int = 256
-  num_layers: int = 4
-  num_heads: int = 4
-  num_kv_heads: int = 2
-  head_dim: int = 64
-  mlp_dim: int = 1024
-  patch_dim: int = 4                     # P: width of the `patches` field
-  modality_patch_dims: tuple[int, ...] = (0, 4, 4, 2)  # valid patch dims per modality id
-  rope_sections: tuple[int, int, int] = (8, 12, 12)
-  rope_theta: float = 10000.0
-  rope_interleaved: bool = True          # Qwen3-VL interleaved layout (False: Qwen2-VL sections)
-  time_embed_dim: int = 256              # sinusoidal features of the diffusion timestep
-  experts: str = "shared"
-  expert_impl: str = "auto"              # grouped matmul: "auto" | "tiled" | "ragged"
-  expert_tile: int = 256                 # rows per tile of the "tiled" grouped matmul
-  init_generation_from_understanding: bool = False  # every expert starts as expert 0
-  scan_layers: bool = True
-  scan_unroll: int = 1                   # blocks per nn.scan loop iteration; -1: all (no loop);
-                                         # passes with a KV cache keep the loop
-  remat_policy: str = "none"             # "none" or a jax.checkpoint_policies name
-  dtype: str = "float32"                 # compute dtype
-  matmul_dtype: str = "same"             # Linear matmul operands: "same" (the compute dtype)
-                                         # or a dtype, e.g. "bfloat16" (f32 accumulation)
-  param_dtype: str = "float32"
-  norm_eps: float = 1e-6
-  dropout_rate: float = 0.0              # residual dropout in training (only with a "dropout" rng)
-  attention_impl: str = "auto"           # "auto" (cuDNN where it applies, else XLA) | "xla" | "cudnn"
+  """Hyper-parameters of the backbone and both heads, from `config.model` (every field is
+  declared and explained in configs/digits.py; there are no defaults here)."""
+  vocab_size: int
+  d_model: int
+  num_layers: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  mlp_dim: int
+  patch_dim: int                         # P: width of the `patches` field
+  modality_patch_dims: tuple[int, ...]   # valid patch dims per modality id
+  rope_sections: tuple[int, int, int]
+  rope_theta: float
+  rope_interleaved: bool                 # Qwen3-VL interleaved layout (False: Qwen2-VL sections)
+  time_embed_dim: int                    # sinusoidal features of the diffusion timestep
+  experts: str
+  expert_impl: str                       # grouped matmul: "auto" | "tiled" | "ragged"
+  expert_tile: int                       # rows per tile of the "tiled" grouped matmul
+  init_generation_from_understanding: bool  # every expert starts as expert 0
+  scan_layers: bool
+  scan_unroll: int                       # blocks per nn.scan loop iteration; -1: all
+  remat_policy: str                      # "none" or a jax.checkpoint_policies name
+  dtype: str                             # compute dtype
+  matmul_dtype: str                      # Linear matmul operands: "same" or a dtype
+  param_dtype: str
+  norm_eps: float
+  dropout_rate: float                    # residual dropout in training
+  attention_impl: str                    # "auto" | "xla" | "cudnn"
 
   @property
   def num_modalities(self) -> int:
@@ -74,11 +71,19 @@ class ModelConfig:
 
   @classmethod
   def from_config(cls, model_cfg: Any, **overrides) -> "ModelConfig":
-    fields = {f.name for f in dataclasses.fields(cls)}
-    values = {k: v for k, v in dict(model_cfg).items() if k in fields}
+    """From `config.model` (a ConfigDict or dict): every field required, none unknown."""
+    values = dict(model_cfg)
+    fields = [f.name for f in dataclasses.fields(cls)]
+    missing = [f for f in fields if f not in values and f not in overrides]
+    unknown = sorted(set(values) - set(fields))
+    if missing:
+      raise ConfigError(f"config.model lacks {', '.join(missing)}: declare every model field "
+                        "in your config file (see configs/digits.py)")
+    if unknown:
+      raise ConfigError(f"config.model has unknown fields {', '.join(unknown)}: remove them "
+                        "(the model fields are those of configs/digits.py)")
     for key in ("rope_sections", "modality_patch_dims"):
-      if key in values:
-        values[key] = tuple(int(x) for x in values[key])
+      values[key] = tuple(int(x) for x in values[key])
     values.update(overrides)
     return cls(**values)
 
@@ -148,57 +153,79 @@ def validate_model(m: ModelConfig) -> None:
            "use 'none', 'nothing_saveable' or 'dots_with_no_batch_dims_saveable'")
 
 
-def validate(config: Any) -> ModelConfig:
-  """Validates a full run config; returns its frozen ModelConfig."""
+def _is_int(x) -> bool:
+  return isinstance(x, int) and not isinstance(x, bool)
+
+
+def validate_training(config: Any) -> None:
+  """The optimisation, loss and logging fields."""
   for name in ("num_train_steps", "batch_size", "log_every_steps",
-               "checkpoint_every_steps", "eval_every_steps"):
-    value = config.get(name)
-    _check(isinstance(value, int) and not isinstance(value, bool) and value > 0,
-           f"config.{name}={value!r} must be a positive integer")
-  _check(config.learning_rate > 0 and config.learning_rate == config.learning_rate,
-         f"config.learning_rate={config.learning_rate} must be a positive number")
-  _check(0 <= config.warmup_steps, f"config.warmup_steps={config.warmup_steps} must be >= 0")
-  _check(0.0 <= config.cond_drop_prob < 1.0,
+               "checkpoint_every_steps", "eval_every_steps", "max_nonfinite_steps"):
+    value = field(config, name)
+    _check(_is_int(value) and value > 0, f"config.{name}={value!r} must be a positive integer")
+  lr = field(config, "learning_rate")
+  _check(lr > 0 and lr == lr, f"config.learning_rate={lr} must be a positive number")
+  _check(0 <= field(config, "warmup_steps"),
+         f"config.warmup_steps={config.warmup_steps} must be >= 0")
+  _check(0.0 <= field(config, "cond_drop_prob") < 1.0,
          f"config.cond_drop_prob={config.cond_drop_prob} must be in [0, 1)")
-  _check(0.0 <= config.ema_decay < 1.0,
+  _check(0.0 <= field(config, "ema_decay") < 1.0,
          f"config.ema_decay={config.ema_decay} must be in [0, 1)")
-  smoothing = config.get("ar_label_smoothing", 0.0)
+  smoothing = field(config, "ar_label_smoothing")
   _check(isinstance(smoothing, (int, float)) and 0.0 <= smoothing < 1.0,
          f"config.ar_label_smoothing={smoothing!r} must be in [0, 1): e.g. 0.1")
-  _check(config.dm_loss_weight >= 0,
+  _check(field(config, "dm_loss_weight") >= 0,
          f"config.dm_loss_weight={config.dm_loss_weight} must be >= 0")
+  per_digit = field(config, "eval_samples_per_digit")
+  _check(_is_int(per_digit) and per_digit >= 0,
+         f"config.eval_samples_per_digit={per_digit!r} must be an integer >= 0 (0 turns the "
+         "sampling evaluation off)")
+
+
+def validate_sample(sample: Any) -> None:
+  """config.sample: the sampling defaults of sample.py, the evaluation and `Pipeline`."""
+  steps, sampler = field(sample, "steps", "config.sample"), field(sample, "sampler",
+                                                                   "config.sample")
+  _check(_is_int(steps) and steps > 0, f"config.sample.steps={steps!r} must be positive")
+  _check(sampler in ("euler", "heun"),
+         f"config.sample.sampler={sampler!r} is unknown: use 'euler' or 'heun'")
+  cfg_scale = field(sample, "cfg_scale", "config.sample")
+  _check(isinstance(cfg_scale, (int, float)) and cfg_scale == cfg_scale,
+         f"config.sample.cfg_scale={cfg_scale!r} must be a number (1: no guidance)")
+  shift = field(sample, "shift", "config.sample")
+  _check(isinstance(shift, (int, float)) and shift > 0,
+         f"config.sample.shift={shift!r} must be a positive number (1: the uniform time grid)")
+  reason_shifts = field(sample, "reason_shifts", "config.sample")
+  _check(_is_int(reason_shifts) and 0 <= reason_shifts <= 2,
+         f"config.sample.reason_shifts={reason_shifts!r} must be 0 (off), 1 or 2 (pixels of "
+         "test-time shift when reading an image)")
+  context = field(sample, "context_length", "config.sample")
+  _check(_is_int(context) and context >= 0,
+         f"config.sample.context_length={context!r} must be an integer >= 0 (the longest "
+         "prompt plus answer sampling accepts; at least config.data.seq_len either way)")
+
+
+def validate(config: Any) -> ModelConfig:
+  """Validates a full run config; returns its frozen ModelConfig."""
+  validate_training(config)
+  validate_sample(field(config, "sample"))
   try:
-    model = ModelConfig.from_config(config.model)
+    model = ModelConfig.from_config(field(config, "model"))
   except TypeError as e:
     raise ConfigError(f"config.model has a bad field: {e}") from None
   validate_model(model)
-  _check(config.data.patch_size ** 2 == model.modality_patch_dims[1],
+  _check(model.vocab_size >= tokenizer.VOCAB_SIZE,
+         f"config.model.vocab_size={model.vocab_size} is smaller than the tokenizer's "
+         f"{tokenizer.VOCAB_SIZE} ids: set it to {tokenizer.VOCAB_SIZE}")
+  data = field(config, "data")
+  _check(field(data, "patch_size", "config.data") ** 2 == model.modality_patch_dims[1],
          f"config.model.modality_patch_dims[1]={model.modality_patch_dims[1]} must equal "
-         f"config.data.patch_size**2 = {config.data.patch_size ** 2} (an image patch's size)")
-  _check(isinstance(config.get("eval_samples_per_digit", 0), int)
-         and config.get("eval_samples_per_digit", 0) >= 0,
-         f"config.eval_samples_per_digit={config.get('eval_samples_per_digit')!r} must be an "
-         "integer >= 0 (0 turns the sampling evaluation off)")
-  shift = (config.get("sample") or {}).get("shift", 1.0)
-  _check(isinstance(shift, (int, float)) and shift > 0,
-         f"config.sample.shift={shift!r} must be a positive number (1: the uniform time grid)")
-  reason_shifts = (config.get("sample") or {}).get("reason_shifts", 0)
-  _check(isinstance(reason_shifts, int) and not isinstance(reason_shifts, bool)
-         and 0 <= reason_shifts <= 2,
-         f"config.sample.reason_shifts={reason_shifts!r} must be 0 (off), 1 or 2 (pixels of "
-         "test-time shift when reading an image)")
-  context = (config.get("sample") or {}).get("context_length", 0)
-  _check(isinstance(context, int) and not isinstance(context, bool) and context >= 0,
-         f"config.sample.context_length={context!r} must be an integer >= 0 (the longest "
-         "prompt plus answer sampling accepts; at least config.data.seq_len either way)")
-  _check(not config.get("freeze_understanding", False) or model.experts == "mode",
+         f"config.data.patch_size**2 = {data.patch_size ** 2} (an image patch's size)")
+  _check(not field(config, "freeze_understanding") or model.experts == "mode",
          "config.freeze_understanding=True needs the understanding expert: set "
          "config.model.experts='mode'")
-  _check(config.max_nonfinite_steps > 0,
-         f"config.max_nonfinite_steps={config.max_nonfinite_steps} must be positive")
-  from mot.data import pipeline  # local: keeps `import mot.config` light
   try:
-    pipeline.validate(config.data)
+    input_pipeline.validate(data)
   except (ValueError, TypeError, AttributeError) as e:
     raise ConfigError(str(e)) from None
   return model

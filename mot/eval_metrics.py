@@ -1,4 +1,4 @@
-"""Independent judges for the evaluation protocol (DESIGN §6).
+"""Independent judges for the evaluation protocol (docs/design.md §6).
 
 Plain numpy / scipy / scikit-learn: nothing here touches JAX or the model, so these
 numbers cannot share a bug with what they judge.

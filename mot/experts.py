@@ -1,4 +1,4 @@
-"""Mixture-of-Transformers routing at dense cost (DESIGN §3).
+"""Mixture-of-Transformers routing at dense cost (docs/design.md §3).
 
 `config.model.experts` picks how the blocks' weights are tied across tokens:
   shared    one set of weights for every token (no routing at all);
@@ -42,6 +42,7 @@ import math
 from typing import Any, Callable
 
 import jax
+import optax
 import jax.numpy as jnp
 
 from mot.config import ModelConfig
@@ -334,11 +335,9 @@ def understanding_mask(params: Any, cfg: ModelConfig) -> Any:
   return jax.tree_util.tree_map_with_path(mask, params)
 
 
-def freeze_understanding(cfg: ModelConfig) -> "optax.GradientTransformation":  # noqa: F821
+def freeze_understanding(cfg: ModelConfig) -> optax.GradientTransformation:
   """optax transformation zeroing the updates of the understanding expert (see
   `understanding_mask`); stateless, the mask is rebuilt from shapes inside the step."""
-  import optax  # local: keeps this module free of optimizer imports
-
   def init(params):
     del params
     return optax.EmptyState()

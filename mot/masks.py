@@ -1,4 +1,4 @@
-"""The one attention-mask rule shared by both heads (DESIGN §1).
+"""The one attention-mask rule shared by both heads (docs/design.md §1).
 
   allowed(i, j) = seg[i] == seg[j] > 0
                   and (j <= i or blk[i] == blk[j] > 0)

@@ -1,6 +1,6 @@
 """Modality registry: the one place that names each non-text modality.
 
-Every token of a sequence carries a modality id (DESIGN §1): it picks the input/output
+Every token of a sequence carries a modality id (docs/design.md §1): it picks the input/output
 projections and, with `experts="modality"`, the expert. Media are framed by a begin and an
 end marker, which are ordinary (causal) text tokens of the byte-level vocabulary
 (`mot.tokenizer`). Adding a modality (audio is reserved) is one entry in `REGISTRY`.

@@ -1,6 +1,6 @@
 """The unified model: one backbone, an AR head (text) and a DM head (patches).
 
-Inputs follow DESIGN §1. Text positions embed their token; media positions project their
+Inputs follow docs/design.md §1. Text positions embed their token; media positions project their
 (possibly noised) patch with a per-modality linear map and add the diffusion timestep's
 embedding (t = 0 for clean media). N pre-norm blocks (GQA + QK-norm + M-RoPE, SwiGLU) run
 under the one mask rule of `mot.masks`. The AR head is final norm + unembedding; the DM
@@ -259,7 +259,7 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> dict[s
 
 
 def inputs_from_batch(batch: dict, patches=None, timesteps=None, keep=None) -> ModelInputs:
-  """ModelInputs from a batch dict of DESIGN §1 fields (optionally noised patches)."""
+  """ModelInputs from a batch dict of docs/design.md §1 fields (optionally noised patches)."""
   noised = batch["dm_mask"] > 0
   return ModelInputs(
       tokens=batch["tokens"],

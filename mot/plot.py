@@ -57,8 +57,8 @@ def plot_metrics(workdir: str, out: str | None = None) -> str:
     ValueError: it holds no training record yet.
   """
   # Figure + Agg canvas, not pyplot: no global backend, no display needed.
-  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
-  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+  from matplotlib.backends.backend_agg import FigureCanvasAgg  # lazy: slow, end of run only
+  from matplotlib.figure import Figure  # lazy: slow to import, needed at the end of a run
 
   path = os.path.join(workdir, METRICS_FILE)
   train, evals = read_metrics(path)
@@ -93,7 +93,7 @@ def _plot_panel(ax, records: list[dict], keys: Sequence[str]) -> None:
     ax.plot(steps, values, label=key, marker="o" if len(points) < 20 else None,
             markersize=3)
   if positive:  # Losses span decades early on; a log axis keeps the tail readable.
-    from matplotlib import ticker  # pylint: disable=g-import-not-at-top
+    from matplotlib import ticker  # lazy: as the imports above
     ax.set_yscale("log")
     ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
     ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))

@@ -46,6 +46,14 @@ def round_up(n: int, multiple: int) -> int:
   return -(-n // multiple) * multiple
 
 
+def chunks(n: int, max_batch: int) -> list[tuple[int, int, int]]:
+  """(start, stop, padded batch) of near-equal chunks of n rows, each batch padded to a
+  multiple of 8 so that a few compiled shapes serve every request."""
+  count = max(1, -(-n // max_batch))
+  per = -(-n // count)
+  return [(s, min(s + per, n), round_up(per, 8)) for s in range(0, n, per)]
+
+
 def length_bucket(n: int, smallest: int = 32) -> int:
   """Padded prompt length: the next power of two >= n (at least `smallest`), so that
   prompts of similar lengths share one compiled program."""
@@ -187,6 +195,28 @@ def ensemble_logits(logits: Array, views: int) -> Array:
   return jnp.repeat(mean, views, axis=0)
 
 
+def _generated_ids(batch, n: int) -> masks.MaskIds:
+  """MaskIds of the n - 1 generated tokens after a [B, Lp] prompt: causal text of the
+  prompt's segment (0 for padding rows), at cache slots Lp, Lp + 1, ..."""
+  b, lp = batch["tokens"].shape
+  return masks.MaskIds(
+      index=jnp.broadcast_to(lp + jnp.arange(n - 1, dtype=jnp.int32), (b, n - 1)),
+      segment=jnp.broadcast_to(batch["segment_ids"][:, -1:], (b, n - 1)),
+      block=jnp.zeros((b, n - 1), jnp.int32), noised=jnp.zeros((b, n - 1), bool),
+      keep=jnp.ones((b, n - 1), bool))
+
+
+def _token_inputs(tokens: Array, positions: Array, mask_ids: masks.MaskIds,
+                  patch_dim: int) -> ModelInputs:
+  """ModelInputs of one text token per row: tokens [B, 1] at 1-D positions [B, 1]."""
+  b = tokens.shape[0]
+  return ModelInputs(
+      tokens=tokens, patches=jnp.zeros((b, 1, patch_dim), jnp.float32),
+      modality=jnp.zeros((b, 1), jnp.int32),
+      positions=jnp.broadcast_to(positions[..., None], (b, 1, 3)).astype(jnp.int32),
+      timesteps=jnp.zeros((b, 1), jnp.float32), mask_ids=mask_ids)
+
+
 @functools.lru_cache(maxsize=32)
 def _decode_fn(model: MoT, max_new_tokens: int, views: int = 1):
   """Jitted (params, batch, rng, temperature, top_k, top_p, stop, limit) -> (tokens,
@@ -198,12 +228,7 @@ def _decode_fn(model: MoT, max_new_tokens: int, views: int = 1):
     n = max_new_tokens
     cache_len = lp + n - 1
     apply = functools.partial(model.apply, {"params": params}, method=MoT.logits)
-    # Generated tokens are causal text of the prompt's segment (0 for padding rows).
-    gen_segment = jnp.broadcast_to(batch["segment_ids"][:, -1:], (b, n - 1))
-    gen_ids = masks.MaskIds(
-        index=jnp.broadcast_to(lp + jnp.arange(n - 1, dtype=jnp.int32), (b, n - 1)),
-        segment=gen_segment, block=jnp.zeros((b, n - 1), jnp.int32),
-        noised=jnp.zeros((b, n - 1), bool), keep=jnp.ones((b, n - 1), bool))
+    gen_ids = _generated_ids(batch, n)
     prompt = _prompt_inputs(batch)
     cache_ids = _concat_ids(prompt.mask_ids, gen_ids)
     cache = init_cache(model.cfg, b, cache_len)
@@ -234,11 +259,7 @@ def _decode_fn(model: MoT, max_new_tokens: int, views: int = 1):
       pos = batch["next_position"][:, None] + i - 1
       step_ids = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, i - 1, 1, axis=1),
                               gen_ids)
-      inputs = ModelInputs(
-          tokens=prev, patches=jnp.zeros((b, 1, model.cfg.patch_dim), jnp.float32),
-          modality=jnp.zeros((b, 1), jnp.int32),
-          positions=jnp.broadcast_to(pos[..., None], (b, 1, 3)).astype(jnp.int32),
-          timesteps=jnp.zeros((b, 1), jnp.float32), mask_ids=step_ids)
+      inputs = _token_inputs(prev, pos, step_ids, model.cfg.patch_dim)
       logits, cache = apply(inputs, cache=cache, cache_index=lp + i - 1,
                             cache_ids=cache_ids)
       logits = ensemble_logits(logits[:, -1], views)

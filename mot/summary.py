@@ -29,7 +29,7 @@ class SummaryWriter:
     self.logdir = os.path.join(workdir, SUBDIR)
     self._writer = None
     if enabled:
-      import tensorboardX  # pylint: disable=g-import-not-at-top  (only process 0 needs it)
+      import tensorboardX  # lazy: slow to import, and only process 0 writes
       self._writer = tensorboardX.SummaryWriter(logdir=self.logdir, flush_secs=flush_secs)
 
   @property
@@ -79,8 +79,8 @@ class SummaryWriter:
 
 def read_events(logdir: str) -> Iterator[Any]:
   """Every `Event` proto in logdir's event files, file by file, checksums verified."""
-  from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
-  from tensorboardX.record_writer import masked_crc32c  # pylint: disable=g-import-not-at-top
+  from tensorboardX.proto import event_pb2  # lazy: slow, read by tests and tools only
+  from tensorboardX.record_writer import masked_crc32c  # lazy: as the line above
   for path in sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*"))):
     with open(path, "rb") as f:
       data = f.read()

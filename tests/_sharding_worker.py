@@ -29,8 +29,9 @@ import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 from configs import digits  # noqa: E402
-from mot import config as config_lib, sharding, train_lib  # noqa: E402
-from mot.data import pipeline  # noqa: E402
+from mot import config as config_lib, sharding  # noqa: E402
+from mot import step as step_lib  # noqa: E402
+from mot.data import input_pipeline  # noqa: E402
 from mot.model import MoT  # noqa: E402
 
 NUM_STEPS = 3
@@ -94,15 +95,15 @@ def sharding_mismatches(boxed, state, mesh, rules):
 def boxed_state():
   """The train state's shapes with their logical names (the same for every mesh)."""
   c = equality_config("(1,1,1)")
-  model, tx = MoT(config_lib.validate(c)), train_lib.make_optimizer(c)
-  init = train_lib.init_state_fn(model, tx, c.data.seq_len)
+  model, tx = MoT(config_lib.validate(c)), step_lib.make_optimizer(c)
+  init = step_lib.init_state_fn(model, tx, c.data.seq_len)
   with nn.logical_axis_rules(sharding.logical_rules(c)):
     return jax.eval_shape(init, jax.random.PRNGKey(0))
 
 
 def run(mesh_shape: str, devices, batches, matmul_dtype: str = "same"):
   c = equality_config(mesh_shape, matmul_dtype)
-  t = train_lib.build_training(c, devices)     # as train.py builds it
+  t = step_lib.build_training(c, devices)     # as train.py builds it
   mesh, rules, state, step_rng, step = t.mesh, t.rules, t.state, t.step_rng, t.p_train_step
   eval_step, eval_rng = t.p_eval_step, t.eval_rng
   del t
@@ -144,7 +145,7 @@ def main(mesh_shapes):
   devices = jax.devices()
   assert len(devices) == 8, f"expected 8 fake CPU devices, got {devices}"
   c = equality_config("(1,1,1)")
-  it = iter(pipeline.make_train_dataset(c.data, c.seed, c.batch_size))
+  it = iter(input_pipeline.make_train_dataset(c.data, c.seed, c.batch_size))
   batches = [next(it) for _ in range(NUM_STEPS)]
   ref = run("(1,1,1)", devices[:1], batches)
   report = {"reference_losses": ref["losses"], "reference_eval_loss": ref["eval_loss"],

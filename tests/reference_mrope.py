@@ -31,7 +31,7 @@ model's rotation can be checked against it:
 Like transformers, frequencies and angles are computed in float32; the rotation itself is
 done in float64 and cast back to the input dtype (use float32 inputs for comparisons).
 
-Also :func:`reference_positions`, the (t, h, w) positions of a packed layout (DESIGN §2).
+Also :func:`reference_positions`, the (t, h, w) positions of a packed layout (docs/design.md §2).
 """
 
 from __future__ import annotations
@@ -70,7 +70,8 @@ def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     return xf * c + rotate_half(xf) * s
 
 
-def reference_rope_1d(x: np.ndarray, positions_1d: np.ndarray, theta: float = 10000.0) -> np.ndarray:
+def reference_rope_1d(x: np.ndarray, positions_1d: np.ndarray, theta: float = 10000.0
+                      ) -> np.ndarray:
     """Ordinary 1-D RoPE (Llama / GPT-NeoX, rotate-half layout).
 
     Args:
@@ -150,7 +151,7 @@ def reference_mrope(
 
 
 def reference_positions(layout) -> np.ndarray:
-    """(t, h, w) positions of a packed layout, DESIGN §2 / Qwen2-VL ``get_rope_index``.
+    """(t, h, w) positions of a packed layout, docs/design.md §2 / Qwen2-VL ``get_rope_index``.
 
     ``layout`` is a list of segments, each one of
       * ``("text", n)``: n tokens, t = h = w = running index;

@@ -16,7 +16,7 @@ import pytest
 from bench import train_throughput
 from configs import bench as bench_configs
 from mot import config as config_lib
-from mot.data import pipeline
+from mot.data import input_pipeline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEYS = {"tokens_per_s", "step_ms", "input_wait_ms", "flops_per_token", "flops_per_s",
@@ -46,10 +46,10 @@ def test_bench_config_rows_hold_their_examples_whole(variant):
   so a longer caption would otherwise vanish from the figures unnoticed."""
   config = bench_configs.get_config(variant)
   config_lib.validate(config)
-  data = pipeline.make_train_dataset(config.data, seed=0, batch_size=config.batch_size)
+  data = input_pipeline.make_train_dataset(config.data, seed=0, batch_size=config.batch_size)
   batch = next(iter(data))
   chex.assert_shape(batch["tokens"], (config.batch_size, config.data.seq_len))
-  counts = pipeline.describe_batch(batch)
+  counts = input_pipeline.describe_batch(batch)
   assert counts["examples"] == config.batch_size * config.data.examples_per_row
   if variant == "peer":  # 16 examples of 40-41 tokens: the peer's batch, little padding
     assert counts["examples"] == 16 and counts["padding_fraction"] < 0.03

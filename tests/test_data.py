@@ -1,14 +1,15 @@
-"""Tests for the sequence builder, digits, tasks, packing and the grain pipeline."""
+"""Tests for the sequence builder, digits, tasks, packing and the grain input_pipeline."""
 import ml_collections
 import numpy as np
 import pytest
 
+from configs import digits as digits_config
 from mot import modalities
 from mot import tokenizer as tok
 from mot.data import builder as builder_lib
 from mot.data import digits
 from mot.data import packing
-from mot.data import pipeline
+from mot.data import input_pipeline
 from mot.data import tasks
 
 T = tok.Tokenizer()
@@ -16,7 +17,9 @@ OPTIONS = tasks.TaskOptions(patch_size=2, patch_dim=4)
 
 
 def data_config(**overrides):
-  cfg = dict(dataset="digits", seq_len=128, examples_per_row=3, patch_size=2, patch_dim=4,
+  """configs/digits.py:tiny's data section with these tests' task mix and `overrides`."""
+  cfg = digits_config.get_config("tiny").data.to_dict()
+  cfg.update(dataset="digits", seq_len=128, examples_per_row=3, patch_size=2, patch_dim=4,
              task_weights=dict(generation=0.45, reasoning=0.45, text=0.1), shift_pixels=1)
   cfg.update(overrides)
   return ml_collections.ConfigDict(cfg)
@@ -378,16 +381,16 @@ def test_an_overfull_row_config_warns_once_with_the_fix(caplog):
   from configs import digits as digits_config
   config = digits_config.get_config().data
   config.seq_len, config.examples_per_row = 128, 3   # 3 x 44 (interleaved) > 128 tokens
-  pipeline._WARNED.clear()
+  input_pipeline._WARNED.clear()
   with caplog.at_level("WARNING"):
-    pipeline.validate(config)
-    pipeline.validate(config)
+    input_pipeline.validate(config)
+    input_pipeline.validate(config)
   assert caplog.text.count("examples_per_row=3 x 44 tokens") == 1, caplog.text
   assert "raise seq_len to drop none" in caplog.text
   caplog.clear()
   config.seq_len = 132
   with caplog.at_level("WARNING"):
-    pipeline.validate(config)
+    input_pipeline.validate(config)
   assert "examples_per_row" not in caplog.text
 
 
@@ -406,41 +409,42 @@ def _assert_same(batches_a, batches_b):
 
 
 def test_batch_shapes_and_dtypes():
-  batch = next(iter(pipeline.make_train_dataset(data_config(), seed=0, batch_size=4)))
+  batch = next(iter(input_pipeline.make_train_dataset(data_config(), seed=0, batch_size=4)))
   expected = {**builder_lib.FIELDS, "segment_ids": np.int32}
   assert {k: v.dtype for k, v in batch.items()} == {k: np.dtype(v) for k, v in expected.items()}
   for k, v in batch.items():
     assert v.shape[:2] == (4, 128), k
   assert batch["patches"].shape == (4, 128, 4) and batch["positions"].shape == (4, 128, 3)
-  stats = pipeline.describe_batch(batch)
+  stats = input_pipeline.describe_batch(batch)
   assert stats["examples"] == 4 * 3  # 3 examples of <= 41 tokens always fit in 128.
   assert stats["real_tokens"] == int((batch["segment_ids"] > 0).sum()) > 4 * 3 * 24
 
 
 def test_deterministic_and_seed_dependent():
   cfg = data_config()
-  a = _take(iter(pipeline.make_train_dataset(cfg, seed=3, batch_size=4)), 3)
-  b = _take(iter(pipeline.make_train_dataset(cfg, seed=3, batch_size=4)), 3)
+  a = _take(iter(input_pipeline.make_train_dataset(cfg, seed=3, batch_size=4)), 3)
+  b = _take(iter(input_pipeline.make_train_dataset(cfg, seed=3, batch_size=4)), 3)
   _assert_same(a, b)
-  c = next(iter(pipeline.make_train_dataset(cfg, seed=4, batch_size=4)))
+  c = next(iter(input_pipeline.make_train_dataset(cfg, seed=4, batch_size=4)))
   assert not np.array_equal(a[0]["patches"], c["patches"])
 
 
 def test_resume_from_state():
-  ds = pipeline.make_train_dataset(data_config(), seed=0, batch_size=4)
+  ds = input_pipeline.make_train_dataset(data_config(), seed=0, batch_size=4)
   it = iter(ds)
   _take(it, 2)
   state = it.get_state()
   expected = _take(it, 2)
-  resumed = iter(pipeline.make_train_dataset(data_config(), seed=0, batch_size=4))
+  resumed = iter(input_pipeline.make_train_dataset(data_config(), seed=0, batch_size=4))
   resumed.set_state(state)
   _assert_same(expected, _take(resumed, 2))
 
 
 def test_shards_are_disjoint_parts_of_the_stream():
   cfg = data_config()
-  full = _take(iter(pipeline.make_train_dataset(cfg, seed=0, batch_size=1)), 4)
-  shard1 = _take(iter(pipeline.make_train_dataset(cfg, 0, 1, shard_index=1, shard_count=2)), 2)
+  full = _take(iter(input_pipeline.make_train_dataset(cfg, seed=0, batch_size=1)), 4)
+  shard1 = _take(iter(input_pipeline.make_train_dataset(cfg, 0, 1, shard_index=1,
+                                                        shard_count=2)), 2)
   _assert_same([full[1], full[3]], shard1)
 
 
@@ -467,7 +471,7 @@ def _images_and_tasks(batches):
 
 def test_heldout_never_in_training_and_task_mix():
   cfg = data_config(shift_pixels=0)
-  batches = _take(iter(pipeline.make_train_dataset(cfg, seed=0, batch_size=25)), 4)
+  batches = _take(iter(input_pipeline.make_train_dataset(cfg, seed=0, batch_size=25)), 4)
   images, kinds = _images_and_tasks(batches)
   assert len(kinds) == 300
   train, _, held, _ = digits.load_digits_split()
@@ -488,8 +492,8 @@ def test_validation_split_is_the_last_training_digits_and_never_trained_on():
   np.testing.assert_array_equal(v_held_labels, train_labels[1300:])
   assert v_train_labels.shape == (1300,)
   cfg = data_config(shift_pixels=0, validation_size=200)
-  np.testing.assert_array_equal(pipeline.heldout_images(cfg), train[1300:])
-  batches = _take(iter(pipeline.make_train_dataset(cfg, seed=0, batch_size=25)), 4)
+  np.testing.assert_array_equal(input_pipeline.heldout_images(cfg), train[1300:])
+  batches = _take(iter(input_pipeline.make_train_dataset(cfg, seed=0, batch_size=25)), 4)
   images, _ = _images_and_tasks(batches)
   allowed = {x.tobytes() for x in v_train}
   kept_out = {x.tobytes() for x in v_held} | {x.tobytes() for x in held}
@@ -497,13 +501,13 @@ def test_validation_split_is_the_last_training_digits_and_never_trained_on():
   assert not any(x.astype(np.float32).tobytes() in kept_out for x in images)
   for bad in (-1, 751, 2.5, True, "100"):
     with pytest.raises(ValueError, match=r"config.data.validation_size=.* must be an integer"):
-      pipeline.make_train_dataset(data_config(validation_size=bad), 0, 2)
+      input_pipeline.make_train_dataset(data_config(validation_size=bad), 0, 2)
 
 
 def test_heldout_examples():
   cfg = data_config()
-  examples = pipeline.heldout_examples(cfg, "reasoning")
-  labels = pipeline.heldout_labels(cfg)
+  examples = input_pipeline.heldout_examples(cfg, "reasoning")
+  labels = input_pipeline.heldout_labels(cfg)
   assert len(examples) == len(labels) == 297
   assert [int(T.decode(tasks.split_prompt(e)[1])) for e in examples[:20]] == labels[:20].tolist()
   held = digits.load_digits_split()[2]
@@ -513,10 +517,10 @@ def test_heldout_examples():
 
 def test_config_validation():
   with pytest.raises(ValueError, match=r"config.data.seq_len=40 .* minimum needed is 41"):
-    pipeline.make_train_dataset(data_config(seq_len=40), seed=0, batch_size=2)
+    input_pipeline.make_train_dataset(data_config(seq_len=40), seed=0, batch_size=2)
   with pytest.raises(ValueError, match="unknown task"):
-    pipeline.make_train_dataset(data_config(task_weights={"dance": 1.0}), 0, 2)
+    input_pipeline.make_train_dataset(data_config(task_weights={"dance": 1.0}), 0, 2)
   with pytest.raises(ValueError, match="patch_dim"):
-    pipeline.make_train_dataset(data_config(patch_dim=3), 0, 2)
+    input_pipeline.make_train_dataset(data_config(patch_dim=3), 0, 2)
   with pytest.raises(ValueError, match="patch_size"):
-    pipeline.make_train_dataset(data_config(patch_size=3, patch_dim=9), 0, 2)
+    input_pipeline.make_train_dataset(data_config(patch_size=3, patch_dim=9), 0, 2)

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from mot import evaluate, train_lib
+from mot import eval_digits, evaluate, train_lib
 from mot.pipeline import Pipeline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,8 +51,8 @@ def test_protocol_figures_and_files(workdir):
 def test_untrained_model_scores_near_chance(workdir):
   # A 3-step model cannot read digits: the metric must not flatter it.
   pipe = Pipeline.from_workdir(str(workdir))
-  _, _, _, held_px, held_y = evaluate._judge()
-  accuracy, answers = evaluate.reasoning_accuracy(pipe, held_px[:60], held_y[:60])
+  _, _, _, held_px, held_y = eval_digits.judge()
+  accuracy, answers = eval_digits.reasoning_accuracy(pipe, held_px[:60], held_y[:60])
   assert len(answers) == 60 and accuracy < 0.5
 
 
@@ -69,7 +69,7 @@ def test_validation_split_run_is_scored_on_its_validation_digits(tmp_path):
   result = evaluate.evaluate_pipeline(pipe, samples_per_digit=1, steps=2, reason_shifts=0)
   assert result["split"].startswith("validation (last 100 training digits")
   held_x, held_y = digits.load_digits_split(100)[2:]
-  clf = evaluate._judge(100)[0]
+  clf = eval_digits.judge(100)[0]
   expected_judge = np.mean(clf.predict(digits.to_pixels(held_x).reshape(100, -1)) == held_y)
   assert result["classifier_heldout_accuracy"] == expected_judge
   assert all(m["index"] < 100 for m in result["reasoning_misread"])

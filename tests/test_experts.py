@@ -1,5 +1,5 @@
 """Mixture-of-Transformers experts: routing, grouping at dense cost, and what a token's
-output may depend on (DESIGN §3)."""
+output may depend on (docs/design.md §3)."""
 import dataclasses
 import functools
 
@@ -7,16 +7,16 @@ import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 import pytest
 
 from mot import experts, layers
 from mot.config import ModelConfig
+from tests._models import model_config
 from mot.model import MoT, init_cache, inputs_from_batch
 
-CFG = ModelConfig(d_model=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16,
+CFG = model_config(d_model=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16,
                   rope_sections=(2, 3, 3), mlp_dim=64, time_embed_dim=16)
 MODE = dataclasses.replace(CFG, experts="mode")
 
@@ -341,8 +341,8 @@ def test_freeze_understanding_updates_only_the_generation_path():
   config.model.experts = "mode"
   config.freeze_understanding = True
   cfg = ModelConfig.from_config(config.model)
-  from mot import train_lib
-  tx = train_lib.make_optimizer(config)
+  from mot import step as step_lib
+  tx = step_lib.make_optimizer(config)
   params = init_params(cfg)
 
   @jax.jit
@@ -364,12 +364,13 @@ def test_freeze_understanding_updates_only_the_generation_path():
 
 def test_weight_decay_mask_ignores_stacked_axes():
   """Norm scales are vectors per layer and per expert: never decayed, whatever stacks them."""
-  config = ml_collections.ConfigDict({
-      "grad_clip_norm": 1e9, "learning_rate": 1.0, "warmup_steps": 0, "num_train_steps": 10,
-      "min_lr_ratio": 1.0, "adam_b1": 0.9, "adam_b2": 0.98, "weight_decay": 0.5,
-      "model": {"experts": "mode", "scan_layers": True}})
-  from mot import train_lib
-  tx = train_lib.make_optimizer(config)
+  from configs import digits
+  from mot import step as step_lib
+  config = digits.get_config("tiny")
+  config.update({"grad_clip_norm": 1e9, "learning_rate": 1.0, "warmup_steps": 0,
+                 "num_train_steps": 10, "min_lr_ratio": 1.0, "weight_decay": 0.5})
+  config.model.update({"experts": "mode", "scan_layers": True})
+  tx = step_lib.make_optimizer(config)
   params = {"backbone": {"scale": jnp.ones((2, 2, 4)), "kernel": jnp.ones((2, 2, 4, 4))},
             "head": {"scale": jnp.ones((4,))}}
   zeros = jax.tree.map(jnp.zeros_like, params)

@@ -1,4 +1,4 @@
-"""The one mask rule of DESIGN §1, case by case."""
+"""The one mask rule of docs/design.md §1, case by case."""
 import jax.numpy as jnp
 import numpy as np
 

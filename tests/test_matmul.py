@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mot import matmul
-from mot.config import ModelConfig
+from tests._models import model_config
 from tests.test_model import CFG, same_init_loss_and_grads
 
 BF16 = jnp.dtype(jnp.bfloat16)
@@ -74,6 +74,6 @@ def test_model_with_bf16_matmuls(experts):
 
 def test_validate_rejects_an_unknown_matmul_dtype():
   from mot.config import ConfigError, validate_model
-  validate_model(dataclasses.replace(ModelConfig(), matmul_dtype="bfloat16"))
+  validate_model(dataclasses.replace(model_config(), matmul_dtype="bfloat16"))
   with pytest.raises(ConfigError, match="matmul_dtype='int8' is unknown"):
-    validate_model(dataclasses.replace(ModelConfig(), matmul_dtype="int8"))
+    validate_model(dataclasses.replace(model_config(), matmul_dtype="int8"))

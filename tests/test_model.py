@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from mot.config import ModelConfig
+from tests._models import model_config
 from mot.model import MoT, inputs_from_batch
 
-CFG = ModelConfig(d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
+CFG = model_config(d_model=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
                   rope_sections=(2, 3, 3), mlp_dim=128, time_embed_dim=32)
 
 

@@ -149,12 +149,12 @@ def test_damaged_and_incompatible_checkpoints(tmp_path):
 
 def test_nonfinite_updates_are_skipped_then_training_stops(tiny_config, tmp_path, monkeypatch):
   from mot import train_lib
-  from mot.data import pipeline
+  from mot.data import input_pipeline
   tiny_config.num_train_steps = 2
   train_lib.train_and_evaluate(tiny_config, str(tmp_path))
   good = final_state(tmp_path, 2)
 
-  real = pipeline.make_train_dataset
+  real = input_pipeline.make_train_dataset
 
   def poisoned(*args, **kwargs):
     def add_nan(batch):
@@ -163,7 +163,7 @@ def test_nonfinite_updates_are_skipped_then_training_stops(tiny_config, tmp_path
       return batch
     return real(*args, **kwargs).map(add_nan)
 
-  monkeypatch.setattr(pipeline, "make_train_dataset", poisoned)
+  monkeypatch.setattr(input_pipeline, "make_train_dataset", poisoned)
   tiny_config.num_train_steps = 40
   tiny_config.max_nonfinite_steps = 3
   tiny_config.checkpoint_every_steps = 100

@@ -143,7 +143,8 @@ def rope():
 
 @functools.lru_cache(maxsize=None)
 def _fn(rope, sections, interleaved, jit):
-    fn = functools.partial(rope.apply_mrope, sections=sections, theta=THETA, interleaved=interleaved)
+    fn = functools.partial(rope.apply_mrope, sections=sections, theta=THETA,
+                           interleaved=interleaved)
     return jax.jit(fn) if jit else fn
 
 
@@ -235,7 +236,8 @@ def test_shape_and_dtype_preserved(rope, dtype):
         chex.assert_type(out, dtype)
     expected = ref.reference_mrope(np.asarray(x, np.float32), pos, (8, 12, 12), THETA)
     tol = 3e-2 if dtype == jnp.bfloat16 else 1e-5
-    chex.assert_trees_all_close(out.astype(jnp.float32), expected.astype(np.float32), atol=tol, rtol=tol)
+    chex.assert_trees_all_close(out.astype(jnp.float32), expected.astype(np.float32),
+                                atol=tol, rtol=tol)
 
 
 def test_bad_sections_rejected(rope):

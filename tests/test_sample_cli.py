@@ -18,9 +18,15 @@ import pytest
 from PIL import Image
 
 from mot import checkpoint as ckpt_lib
-from mot import pipeline
+from mot import media, pipeline, sample_cli
+from mot.errors import InputError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_sample(workdir, mode, stdout=None, **options):
+  """sample.py's logic on a Request of these options (as its flags would give them)."""
+  sample_cli.run_sample(sample_cli.Request(workdir, mode, **options), stdout=stdout)
 
 
 def write_checkpoint(workdir, steps=(2,), config=None):
@@ -29,11 +35,11 @@ def write_checkpoint(workdir, steps=(2,), config=None):
   import flax.linen as nn
   from configs import digits as digits_config
   from mot import config as config_lib
-  from mot import train_lib
+  from mot import step as step_lib
   from mot.model import MoT
   config = digits_config.get_config("tiny") if config is None else config
   model = MoT(config_lib.validate(config))
-  init = train_lib.init_state_fn(model, train_lib.make_optimizer(config), 8)
+  init = step_lib.init_state_fn(model, step_lib.make_optimizer(config), 8)
   shapes = nn.meta.unbox(jax.eval_shape(init, jax.random.PRNGKey(0)))
   rng = np.random.default_rng(0)
   params = jax.tree.map(lambda s: jnp.asarray(0.1 * rng.standard_normal(s.shape), s.dtype),
@@ -125,7 +131,7 @@ def test_generate_writes_pngs_grid_and_manifest(workdir, tmp_path):
   # settings, so the compiled sampler is shared.
   out = str(tmp_path / "samples")
   stdout = io.StringIO()
-  pipeline.run_sample(workdir, "generate", prompts=["a handwritten digit 7",
+  run_sample(workdir, "generate", prompts=["a handwritten digit 7",
                                                     "a handwritten digit 1"],
                       num_samples=2, out=out, steps=3, cfg_scale=2.0, sampler="heun", seed=1,
                       as_json=True, stdout=stdout)
@@ -144,19 +150,19 @@ def test_generate_writes_pngs_grid_and_manifest(workdir, tmp_path):
   printed = [json.loads(line) for line in stdout.getvalue().splitlines()]
   assert [p["file"] for p in printed] == [os.path.join(out, f) for f in files]
   # Reading that folder back reads the samples, not the montage; named, the grid is read.
-  assert pipeline.image_paths([out]) == sorted(os.path.join(out, f) for f in files)
+  assert media.image_paths([out]) == sorted(os.path.join(out, f) for f in files)
   grid_file = os.path.join(out, "grid.png")
-  assert pipeline.image_paths([grid_file]) == [grid_file]
+  assert media.image_paths([grid_file]) == [grid_file]
   with open(os.path.join(out, "manifest.json"), "w") as f:
     f.write("{broken")
-  assert grid_file in pipeline.image_paths([out])   # no readable manifest: every image
+  assert grid_file in media.image_paths([out])   # no readable manifest: every image
 
 
 def test_think_then_draw_and_generation_are_reproducible(workdir, tmp_path):
   # In-process, with test_sampling's settings: the compiled programs are shared.
   for out in ("a", "b"):
     with open(os.devnull, "w") as devnull:
-      pipeline.run_sample(workdir, "think_then_draw", prompts=["draw the digit after 3:"],
+      run_sample(workdir, "think_then_draw", prompts=["draw the digit after 3:"],
                           num_samples=2, out=str(tmp_path / out), steps=3, cfg_scale=2.0,
                           sampler="heun", stdout=devnull)
   with open(tmp_path / "a" / "manifest.json") as f:
@@ -196,7 +202,7 @@ def bad_cases(workdir, tmp):
   (tmp / "no_ckpt").mkdir()
   gen = dict(workdir=workdir, mode="generate", prompts=["a handwritten digit 7"],
              out=str(tmp / "out"))
-  input_error, ckpt_error = pipeline.InputError, ckpt_lib.CheckpointError
+  input_error, ckpt_error = InputError, ckpt_lib.CheckpointError
   return [
       ("missing workdir", dict(gen, workdir=str(tmp / "nope")), ckpt_error, "does not exist"),
       ("no checkpoint", dict(gen, workdir=str(tmp / "no_ckpt")), ckpt_error, "no checkpoint"),
@@ -233,7 +239,7 @@ def test_bad_inputs_raise_one_line_errors_and_write_nothing(workdir, tmp_path):
   ckpt_before = sorted(os.listdir(os.path.join(workdir, "checkpoints")))
   for name, kwargs, error, text in cases:
     with pytest.raises(error) as e:
-      pipeline.run_sample(**kwargs, stdout=sys.stderr)
+      run_sample(**kwargs, stdout=sys.stderr)
     assert text in str(e.value) and "\n" not in str(e.value), (name, str(e.value))
     assert sorted(os.listdir(tmp_path)) == before, name           # nothing written
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ckpt_before

@@ -11,7 +11,8 @@ import pytest
 from mot import diffusion, sampling, tokenizer
 from mot.data.builder import SequenceBuilder
 from mot.model import inputs_from_batch
-from mot.pipeline import InputError, Pipeline
+from mot.errors import InputError
+from mot.pipeline import Pipeline
 
 
 def make_pipe(experts="shared"):
@@ -64,13 +65,13 @@ def test_reasoning_prompt_reads_images_as_the_reading_task_trained():
   # With data.read_window the prompt's patches are the training example's windows:
   # the same prefix, token for token and dim for dim.
   from configs import digits as digits_config
-  from mot.data import digits, tasks
+  from mot.data import tasks
   config = digits_config.get_config("tiny")
   config.data.read_window, config.data.patch_dim = 4, 16
   pipe = Pipeline(config, None)
   image = _image(3)
-  prompt = pipe.reasoning_prompt("What digit is this?", image)
-  from mot.pipeline import to_model_scale
+  prompt = pipe.prompts.reasoning_prompt("What digit is this?", image)
+  from mot.media import to_model_scale
   train = tasks.reasoning_example(to_model_scale(image), 3, 2, 16, read_window=4)
   n = len(prompt["tokens"])
   for key in set(prompt) - {"ar_targets", "ar_weights"}:   # the prompt has no answer
@@ -95,13 +96,13 @@ def _as_batch(*examples, length=None):
 def _full_example(pipe, generated, image=None, text="What digit is this?"):
   """The reading prompt followed by `generated` text tokens, built by SequenceBuilder."""
   b = SequenceBuilder(pipe.model_cfg.patch_dim)
-  prompt = pipe.reasoning_prompt(text, image)
+  prompt = pipe.prompts.reasoning_prompt(text, image)
   b.add_text([tokenizer.BOS])
   if image is not None:
     from mot.data import digits
-    from mot.pipeline import to_model_scale
+    from mot.media import to_model_scale
     b.add_image(digits.patchify(to_model_scale(image), pipe.patch_size), noised=False)
-  b.add_text(pipe._encode(text))  # pylint: disable=protected-access
+  b.add_text(pipe.tokenizer.encode(text))
   b.add_text(list(generated))
   ex = b.build()
   assert np.array_equal(ex["tokens"][:len(prompt["tokens"])], prompt["tokens"])
@@ -134,7 +135,8 @@ def _image(seed):
 def test_cached_decoding_matches_full_forward_at_every_step(pipe):
   # Different lengths (left padding in the batch); text continues after the image at
   # the block's largest M-RoPE position + 1, as SequenceBuilder places it.
-  prompts = [pipe.reasoning_prompt("digit?", _image(0)), pipe.reasoning_prompt("hi")]
+  prompts = [pipe.prompts.reasoning_prompt("digit?", _image(0)),
+             pipe.prompts.reasoning_prompt("hi")]
   n = 6
   batch = sampling.pad_left(prompts, length=32, batch=8)  # the Pipeline's bucket: compiled once
   tokens, logits = sampling.decode(pipe.model, pipe.params, batch, n, stop_tokens=[])
@@ -174,7 +176,7 @@ def test_sampled_decoding_is_reproducible_and_chunk_independent(pipe, monkeypatc
 def test_ensemble_decoding_follows_the_views_mean_log_probabilities(pipe):
   # Two groups of three views: every row of a group gets the same tokens, each drawn
   # from the group's mean log-softmax, which the uncached forward reproduces.
-  prompts = [pipe.reasoning_prompt("digit?", _image(i)) for i in range(6)]
+  prompts = [pipe.prompts.reasoning_prompt("digit?", _image(i)) for i in range(6)]
   n = 4
   batch = sampling.pad_left(prompts, length=32, batch=6)
   tokens, logits = sampling.decode(pipe.model, pipe.params, batch, n, stop_tokens=[],
@@ -221,7 +223,8 @@ def test_reading_with_test_time_shifts(pipe, monkeypatch):
 
 
 def test_decoding_stops_at_stop_tokens(pipe):
-  batch = sampling.pad_left([pipe.reasoning_prompt("hi"), pipe.reasoning_prompt("hello")],
+  batch = sampling.pad_left([pipe.prompts.reasoning_prompt("hi"),
+                             pipe.prompts.reasoning_prompt("hello")],
                             length=32, batch=8)
   tokens, _ = sampling.decode(pipe.model, pipe.params, batch, 5,
                               stop_tokens=range(tokenizer.VOCAB_SIZE))
@@ -255,8 +258,8 @@ def test_cached_denoising_step_matches_full_forward(pipe, branch, experts):
   in the cached step as in the full forward, the cached prefix the understanding one."""
   if experts != "shared":
     pipe = make_pipe(experts)
-  examples = [pipe.generation_example("a handwritten digit 7"),
-              pipe.generation_example("a 1")]
+  examples = [pipe.prompts.generation_example("a handwritten digit 7"),
+              pipe.prompts.generation_example("a 1")]
   split = [sampling.split_block(ex) for ex in examples]
   prefix = sampling.pad_left([p for p, _ in split], length=32)
   block = sampling.block_arrays([b for _, b in split])
@@ -299,7 +302,7 @@ def test_diffusion_classifier_errors_are_the_uncached_velocity_errors(pipe, monk
   other images in a call change nothing."""
   from bench import diffusion_classifier as dc
   from mot.data import digits
-  from mot.pipeline import to_model_scale
+  from mot.media import to_model_scale
   monkeypatch.setattr(dc, "MAX_ROWS", 4)  # two images per call: chunks split the batch
   images = np.stack([_image(1), _image(2), _image(3)])
   captions = ["a handwritten digit 7", "a 1"]
@@ -310,7 +313,7 @@ def test_diffusion_classifier_errors_are_the_uncached_velocity_errors(pipe, monk
   assert not np.allclose(errors[:, 0], errors[:, 1])          # the caption is read
   for i in (0, 2):
     for c, caption in enumerate(captions):
-      ex = pipe.generation_example(caption)
+      ex = pipe.prompts.generation_example(caption)
       start = int(np.flatnonzero(ex["dm_mask"])[0])
       m, pd = int(np.sum(ex["dm_mask"] > 0)), pipe.model_cfg.patch_dim
       dims = sampling.patch_dims(pipe.model, ex["modality"][None, start:start + m])[0]
@@ -358,7 +361,7 @@ def test_bad_inputs_raise_one_line_input_errors(pipe, call):
 
 def test_image_inputs_are_converted(tmp_path):
   from PIL import Image
-  from mot.pipeline import to_unit_images
+  from mot.media import to_unit_images
   digit = np.zeros((8, 8), np.float32)
   digit[2:6, 3:5] = 16.0
   unit, single = to_unit_images(digit, 8)

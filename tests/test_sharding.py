@@ -90,14 +90,15 @@ def test_single_process_loads_every_row(tiny_config):
 def test_adam_state_carries_the_parameter_names(tiny_config):
   """mu and nu from tx.init on the *boxed* parameters carry the parameters' names."""
   import flax.linen as nn
-  from mot import config as config_lib, train_lib
+  from mot import config as config_lib
+  from mot import step as step_lib
   from mot.model import MoT
   tiny_config.mesh_shape = "(1,1,1)"
   model = MoT(config_lib.validate(tiny_config))
-  tx = train_lib.make_optimizer(tiny_config)
+  tx = step_lib.make_optimizer(tiny_config)
   rules = sharding.logical_rules(tiny_config)
   with nn.logical_axis_rules(rules):
-    boxed = jax.eval_shape(train_lib.init_state_fn(model, tx, 16), jax.random.PRNGKey(0))
+    boxed = jax.eval_shape(step_lib.init_state_fn(model, tx, 16), jax.random.PRNGKey(0))
   is_box = lambda x: isinstance(x, nn.LogicallyPartitioned)
   names = lambda tree: [x.names for x in jax.tree.leaves(tree, is_leaf=is_box)]
   adam = boxed.opt_state[1][0]

@@ -7,6 +7,7 @@ import sys
 import numpy as np
 
 from mot import train_lib
+from mot import step as step_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -25,8 +26,8 @@ def test_one_step(tiny_config, tmp_path):
   assert train and set(train[0]) >= {"step", "loss", "ar_loss", "dm_loss", "learning_rate",
                                      "tokens_per_s", "real_tokens"}
   # The lone (compile) step is timed whole, and its real tokens are the batch's.
-  from mot.data import pipeline  # pylint: disable=g-import-not-at-top
-  first = next(iter(pipeline.make_train_dataset(tiny_config.data, tiny_config.seed,
+  from mot.data import input_pipeline
+  first = next(iter(input_pipeline.make_train_dataset(tiny_config.data, tiny_config.seed,
                                                 tiny_config.batch_size)))
   assert train[0]["real_tokens"] == int((first["segment_ids"] > 0).sum()) > 0
   assert train[0]["tokens_per_s"] > 0
@@ -66,7 +67,7 @@ def test_heldout_losses_weigh_targets_not_batches():
   # drag the DM average toward zero.
   results = [{"ar_loss": 1.0, "dm_loss": 0.8, "ar_weight": 10.0, "dm_weight": 64.0},
              {"ar_loss": 3.0, "dm_loss": 0.0, "ar_weight": 30.0, "dm_weight": 0.0}]
-  means = train_lib.weighted_eval_means(results)
+  means = step_lib.weighted_eval_means(results)
   np.testing.assert_allclose(means["dm_loss"], 0.8)
   np.testing.assert_allclose(means["ar_loss"], 2.5)
 
@@ -82,7 +83,7 @@ def test_label_smoothing_matches_the_one_hot_soft_target_cross_entropy():
   want = np.sum(-np.sum(soft * logp, -1) * weights) / weights.sum()
   plain = np.sum(-np.take_along_axis(logp, targets[..., None], -1)[..., 0] * weights)
   plain /= weights.sum()
-  got = train_lib.label_smoothed(np.float32(plain), logits, weights, s)
+  got = step_lib.label_smoothed(np.float32(plain), logits, weights, s)
   np.testing.assert_allclose(got, want, rtol=1e-5)
   assert want > plain  # the uniform term costs something when the logits are peaked
 
@@ -91,16 +92,16 @@ def test_label_smoothing_changes_the_objective_not_the_logged_ar_loss(tiny_confi
   import jax
   from mot import model as model_lib
   from mot.config import validate
-  from mot.data import pipeline
+  from mot.data import input_pipeline
   cfg = validate(tiny_config)
   model = model_lib.MoT(cfg)
-  batch = next(iter(pipeline.make_train_dataset(tiny_config.data, 0, 4)))
+  batch = next(iter(input_pipeline.make_train_dataset(tiny_config.data, 0, 4)))
   batch = jax.tree.map(np.asarray, batch)
   params = model.init(jax.random.PRNGKey(0), model_lib.inputs_from_batch(batch))["params"]
   out = {}
   for s in (0.0, 0.2):
     tiny_config.ar_label_smoothing = s
-    out[s] = train_lib.compute_losses(params, batch, jax.random.PRNGKey(1), model,
+    out[s] = step_lib.compute_losses(params, batch, jax.random.PRNGKey(1), model,
                                       tiny_config)
   (total0, m0), (total2, m2) = out[0.0], out[0.2]
   np.testing.assert_allclose(m0["ar_loss"], m2["ar_loss"], rtol=1e-6)

@@ -12,7 +12,7 @@ from mot import config as config_lib
 from mot import modalities
 from mot import tokenizer as tok
 from mot.data import digits
-from mot.data import pipeline
+from mot.data import input_pipeline
 from mot.data import user_data
 
 T = tok.Tokenizer()
@@ -85,7 +85,7 @@ def _examples(batch):
 
 def test_folder_batches_shapes_and_ranges(folder):
   cfg = data_config(folder)
-  batches = _take(iter(pipeline.make_train_dataset(cfg, seed=0, batch_size=4)), 3)
+  batches = _take(iter(input_pipeline.make_train_dataset(cfg, seed=0, batch_size=4)), 3)
   for b in batches:
     assert b["tokens"].shape == (4, cfg.seq_len) and b["patches"].shape == (4, cfg.seq_len, 4)
     assert b["positions"].shape == (4, cfg.seq_len, 3)
@@ -100,23 +100,23 @@ def test_folder_batches_shapes_and_ranges(folder):
 
 def test_images_match_load_image(folder):
   cfg = data_config(folder)
-  held = pipeline.heldout_images(cfg)
+  held = input_pipeline.heldout_images(cfg)
   assert held.shape == (2, 8, 8) and held.dtype == np.float32
   options = user_data.ImageOptions()
   np.testing.assert_array_equal(held[0], user_data.load_image(folder / _name(18), options))
-  assert list(pipeline.heldout_labels(cfg)) == ["picture number 18", "picture number 19"]
-  ex = pipeline.heldout_examples(cfg, "reasoning")
+  assert list(input_pipeline.heldout_labels(cfg)) == ["picture number 18", "picture number 19"]
+  ex = input_pipeline.heldout_examples(cfg, "reasoning")
   assert [T.decode(e["ar_targets"][e["ar_weights"] > 0]) for e in ex] == list(
-      pipeline.heldout_labels(cfg))
+      input_pipeline.heldout_labels(cfg))
 
 
 def test_iterator_resumes_exactly(folder):
   cfg = data_config(folder)
-  it = iter(pipeline.make_train_dataset(cfg, seed=3, batch_size=2))
+  it = iter(input_pipeline.make_train_dataset(cfg, seed=3, batch_size=2))
   _take(it, 2)
   state = it.get_state()
   expected = _take(it, 2)
-  resumed = iter(pipeline.make_train_dataset(cfg, seed=3, batch_size=2))
+  resumed = iter(input_pipeline.make_train_dataset(cfg, seed=3, batch_size=2))
   resumed.set_state(state)
   for a, b in zip(expected, _take(resumed, 2)):
     for k in a:
@@ -124,7 +124,7 @@ def test_iterator_resumes_exactly(folder):
 
 
 def test_tasks_and_sequence_length(folder):
-  opts = pipeline.validate(data_config(folder))
+  opts = input_pipeline.validate(data_config(folder))
   gen = user_data.generation_example(np.zeros((8, 8), np.float32), "a cat", opts)
   assert T.decode(gen["tokens"][gen["cond_mask"] > 0]) == "a cat"
   assert gen["dm_mask"].sum() == 16
@@ -135,7 +135,7 @@ def test_tasks_and_sequence_length(folder):
   assert need == 1 + 18 + len(user_data.QUESTION) + len("picture number 10") + 1
   with pytest.raises(ValueError, match=rf"seq_len={need - 1} .* minimum needed is {need} "
                                        r"\(the longest caption has 17 bytes"):
-    pipeline.validate(data_config(folder, seq_len=need - 1))
+    input_pipeline.validate(data_config(folder, seq_len=need - 1))
 
 
 def test_load_image_scaling_modes(tmp_path):
@@ -159,9 +159,9 @@ def test_jsonl_file_with_absolute_paths(tmp_path, folder):
   pairs = [(str(folder / _name(i)), f"c{i}") for i in range(4)]
   _write_jsonl(tmp_path / "list.jsonl", pairs)
   cfg = data_config(tmp_path / "list.jsonl")
-  batch = next(iter(pipeline.make_train_dataset(cfg, seed=0, batch_size=2)))
+  batch = next(iter(input_pipeline.make_train_dataset(cfg, seed=0, batch_size=2)))
   assert batch["tokens"].shape == (2, cfg.seq_len)
-  assert list(pipeline.heldout_labels(cfg)) == ["c3"]  # At most a tenth, at least one.
+  assert list(input_pipeline.heldout_labels(cfg)) == ["c3"]  # At most a tenth, at least one.
 
 
 def test_array_record_round_trip(tmp_path, folder):
@@ -174,13 +174,13 @@ def test_array_record_round_trip(tmp_path, folder):
   user_data.write_array_record(str(tmp_path / "a-1.array_record"), paths,
                                ["file 0", "file 1", "ünïcode", "file 3"])
   cfg = data_config(str(tmp_path / "a-*.array_record"), dataset="array_record")
-  batches = _take(iter(pipeline.make_train_dataset(cfg, seed=0, batch_size=3)), 2)
+  batches = _take(iter(input_pipeline.make_train_dataset(cfg, seed=0, batch_size=3)), 2)
   assert batches[0]["patches"].shape == (3, cfg.seq_len, 4)
   assert -1 <= min(b["patches"].min() for b in batches)
   assert max(b["patches"].max() for b in batches) <= 1
-  assert list(pipeline.heldout_labels(cfg)) == ["file 3"]
+  assert list(input_pipeline.heldout_labels(cfg)) == ["file 3"]
   options = user_data.ImageOptions()
-  np.testing.assert_array_equal(pipeline.heldout_images(cfg)[0],
+  np.testing.assert_array_equal(input_pipeline.heldout_images(cfg)[0],
                                 user_data.load_image(paths[3], options))
   data = user_data.open_user_data(cfg)
   image, caption = data.train[6]
@@ -203,7 +203,7 @@ def test_convert_folder_command(tmp_path, folder, capsys):
   user_data.main([str(folder), str(out)])
   assert "wrote 20 records" in capsys.readouterr().out
   cfg = data_config(out, dataset="array_record")
-  assert list(pipeline.heldout_labels(cfg)) == ["picture number 18", "picture number 19"]
+  assert list(input_pipeline.heldout_labels(cfg)) == ["picture number 18", "picture number 19"]
 
 
 def test_config_file(tmp_path, folder):
@@ -292,7 +292,7 @@ def test_bad_input_is_one_line_value_error(bad_inputs, name):
   if "task_weights" in extra:
     cfg.task_weights = ml_collections.ConfigDict(extra["task_weights"])
   with pytest.raises(ValueError, match=pattern) as e:
-    pipeline.make_train_dataset(cfg, seed=0, batch_size=2)  # Fails at construction.
+    input_pipeline.make_train_dataset(cfg, seed=0, batch_size=2)  # Fails at construction.
   assert "\n" not in str(e.value)
 
 
@@ -307,7 +307,7 @@ def test_bad_record_found_at_construction(tmp_path):
     w.write(record)
   w.close()
   with pytest.raises(ValueError, match=r"broken.array_record record 2: not an image"):
-    pipeline.validate(data_config(path, dataset="array_record"))
+    input_pipeline.validate(data_config(path, dataset="array_record"))
 
 
 def test_write_array_record_rejects_floats(tmp_path):

@@ -16,12 +16,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mot import evaluate, modalities, pipeline, sampling, tokenizer
+from mot import (config_upgrade, eval_video, evaluate, media, modalities, pipeline, sampling,
+                 tokenizer)
+from mot.errors import InputError
 from mot.data import digits, moving_digits, tasks
-from mot.data import pipeline as data_pipeline
+from mot.data import input_pipeline
 from mot.model import inputs_from_batch
 from tests.test_sampling import _as_batch, random_params
-from tests.test_sample_cli import write_checkpoint
+from tests.test_sample_cli import run_sample, write_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 P = 4          # patch size of configs/moving_digits.py
@@ -49,8 +51,8 @@ def test_constant_clip_moves_one_pixel_a_frame_on_the_canvas(direction):
   np.testing.assert_array_equal(np.diff(clip.offsets, axis=0), np.tile([dy, dx], (7, 1)))
   # The judge measures the commanded motion exactly on real clips.
   px = digits.to_pixels(clip.frames)[None]
-  assert evaluate.motion_error(px, clip.actions[None]) < 1e-9
-  assert evaluate.motion_error(px, -clip.actions[None]) > 1.0
+  assert eval_video.motion_error(px, clip.actions[None]) < 1e-9
+  assert eval_video.motion_error(px, -clip.actions[None]) > 1.0
 
 
 def test_clips_are_deterministic_and_random_walks_stay_on_the_canvas():
@@ -80,7 +82,7 @@ def test_generation_clips_start_on_the_patch_grid_only_when_asked():
 
   def starts(task, start):
     options = tasks.TaskOptions(patch_size=P, patch_dim=16, generation_start=start)
-    return {_first_frame_offset(moving_digits.build_example(
+    return {_first_frame_offset(tasks.build_video_example(
         task, image, 2, options, np.random.default_rng(seed)), image) for seed in range(60)}
 
   on_grid = starts("video_generation", "grid")
@@ -91,14 +93,14 @@ def test_generation_clips_start_on_the_patch_grid_only_when_asked():
   data = _tiny_config().data
   data.generation_start = "centre"
   with pytest.raises(ValueError, match="generation_start"):
-    data_pipeline.validate(data)
+    input_pipeline.validate(data)
 
 
 def test_moving_digits_train_only_on_the_training_digits():
   from configs import moving_digits as config_file
   data = config_file.get_config("").data
-  train = data_pipeline._train_pairs(data)  # pylint: disable=protected-access
-  held = data_pipeline._heldout_pairs(data)  # pylint: disable=protected-access
+  train = input_pipeline.train_pairs(data)
+  held = input_pipeline.heldout_pairs(data)
   assert len(train) == 1500 and len(held) == 297
   np.testing.assert_array_equal(train.images, digits.load_digits_split()[0])
 
@@ -120,7 +122,7 @@ def test_parse_actions(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------
-# Layouts and positions (DESIGN §2).
+# Layouts and positions (docs/design.md §2).
 # ----------------------------------------------------------------------------------------
 OPTIONS = tasks.TaskOptions(patch_size=P, patch_dim=16, num_frames=8, canvas=16,
                             video_layout="clip")
@@ -175,7 +177,7 @@ def test_world_model_layout_positions_and_one_generated_block():
 def test_frame_layout_is_teacher_forced_frame_by_frame():
   """Layout "frames": frame k noised, then frame k clean at the same positions; a noised
   frame reads the clean frames before it and no noised frame; positions are one clip's
-  (DESIGN §2), the world model's first frame opening it."""
+  (docs/design.md §2), the world model's first frame opening it."""
   clip = moving_digits.random_walk_clip(_digit(1), np.random.default_rng(3))
   assert tasks.TaskOptions(patch_size=P, patch_dim=16).video_layout == "frames"  # default
   ex = tasks.TASKS["world_model"].build(clip, 1, FRAME_OPTIONS, 0)
@@ -234,7 +236,7 @@ def test_every_video_task_has_its_generated_frames_or_an_answer(name, frames, la
   options = tasks.TaskOptions(patch_size=P, patch_dim=16, num_frames=frames, canvas=16,
                               video_layout=layout)
   rng = np.random.default_rng(0)
-  ex = moving_digits.build_example(name, _digit(2), 2, options, rng)
+  ex = tasks.build_video_example(name, _digit(2), 2, options, rng)
   noised = np.flatnonzero(ex["dm_mask"])
   video = np.flatnonzero(ex["modality"] == modalities.VIDEO)
   generated = {"video_generation": frames, "world_model": frames - 1}.get(name, 0)
@@ -257,23 +259,23 @@ def test_image_and_video_tasks_do_not_mix():
   config = config_file.get_config("")
   config.data.task_weights = {"generation": 1.0}
   with pytest.raises(ValueError, match="image"):
-    data_pipeline.validate(config.data)
+    input_pipeline.validate(config.data)
   from configs import digits as digits_config
   config = digits_config.get_config("")
   config.data.task_weights = {"world_model": 1.0}
   with pytest.raises(ValueError, match="moving_digits"):
-    data_pipeline.validate(config.data)
+    input_pipeline.validate(config.data)
 
 
 def test_train_batches_and_heldout_examples():
   from configs import moving_digits as config_file
   data = config_file.get_config("").data
-  batch = next(iter(data_pipeline.make_train_dataset(data, 0, 4)))
+  batch = next(iter(input_pipeline.make_train_dataset(data, 0, 4)))
   assert batch["patches"].shape == (4, data.seq_len, 16)
   assert set(np.unique(batch["modality"])) <= {0, 2, 3}
-  again = next(iter(data_pipeline.make_train_dataset(data, 0, 4)))
+  again = next(iter(input_pipeline.make_train_dataset(data, 0, 4)))
   np.testing.assert_array_equal(batch["patches"], again["patches"])
-  gen = data_pipeline.heldout_examples(data, "generation")   # train_lib's names
+  gen = input_pipeline.heldout_examples(data, "generation")   # train_lib's names
   assert len(gen) == 297 and gen[0]["dm_mask"].sum() == 8 * G * G
 
 
@@ -292,7 +294,7 @@ def pipe():
   # float32 rounding, which bf16 operands would turn into rounding flips of 2^-8
   config.model.matmul_dtype = "same"
   shell = pipeline.Pipeline(config, None)
-  ex = shell.world_model_example(np.zeros((16, 16), np.float32), np.zeros((2, 2)))
+  ex = shell.prompts.world_model_example(np.zeros((16, 16), np.float32), np.zeros((2, 2)))
   return pipeline.Pipeline(config, random_params(shell.model, inputs_from_batch(
       _as_batch(ex))))
 
@@ -327,7 +329,7 @@ def test_world_model_cached_denoise_matches_full_forward(pipe, clip_pipe, layout
   if layout == "clip":
     drawn = [None, None]
   actions = [np.array([[1, 0], [0, 1]], np.float32), np.array([[-1, 0], [0, -1]], np.float32)]
-  examples = [pipe.world_model_example(f, a, d) for f, a, d in zip(first, actions, drawn)]
+  examples = [pipe.prompts.world_model_example(f, a, d) for f, a, d in zip(first, actions, drawn)]
   split = [sampling.split_block(ex) for ex in examples]
   prefix = sampling.pad_left([p for p, _ in split], length=96)
   block = sampling.block_arrays([b for _, b in split])
@@ -348,13 +350,14 @@ def test_world_model_cached_denoise_matches_full_forward(pipe, clip_pipe, layout
   for row in range(2):
     np.testing.assert_allclose(v[row], ref[row, start:start + m], rtol=1e-4, atol=1e-4)
   # The prefix matters: other actions (same first frames) give another velocity.
-  other = [pipe.world_model_example(f, -a, d) for f, a, d in zip(first, actions, drawn)]
+  other = [pipe.prompts.world_model_example(f, -a, d) for f, a, d in zip(first, actions, drawn)]
   prefix2 = sampling.pad_left([sampling.split_block(ex)[0] for ex in other], length=96)
   v2 = np.asarray(_cached_velocity(pipe.model, pipe.params, prefix2, block,
                                    np.ones(prefix2["tokens"].shape, bool), x, t))
   assert not np.allclose(v, v2, atol=1e-4)
   if layout == "frames":  # ... and so does the frame drawn before
-    other = [pipe.world_model_example(f, a, 1 - d) for f, a, d in zip(first, actions, drawn)]
+    other = [pipe.prompts.world_model_example(f, a, 1 - d)
+             for f, a, d in zip(first, actions, drawn)]
     prefix3 = sampling.pad_left([sampling.split_block(ex)[0] for ex in other], length=96)
     v3 = np.asarray(_cached_velocity(pipe.model, pipe.params, prefix3, block,
                                      np.ones(prefix3["tokens"].shape, bool), x, t))
@@ -389,9 +392,9 @@ def test_generate_predict_and_infer_shapes(pipe):
   assert isinstance(answers, list) and len(answers) == 2
   # Without a prompt a video checkpoint asks its own question, not the image one.
   assert pipe.reason(video=clip, max_new_tokens=4) == answers
-  with pytest.raises(pipeline.InputError, match="sideways"):
+  with pytest.raises(InputError, match="sideways"):
     pipe.predict(first, "right,sideways")
-  with pytest.raises(pipeline.InputError, match="num_frames"):
+  with pytest.raises(InputError, match="num_frames"):
     pipe.generate("a 2", num_frames=0)
 
 
@@ -404,12 +407,13 @@ def test_clip_layout_draws_all_frames_at_once_and_old_checkpoints_keep_it(clip_p
   # A checkpoint saved before config.data.video_layout existed trained one clip block.
   saved = _tiny_config().to_dict()
   del saved["data"]["video_layout"]
-  assert pipeline.complete_config(saved).data.video_layout == "clip"
-  assert pipeline.complete_config(_tiny_config().to_dict()).data.video_layout == "frames"
+  assert config_upgrade.upgrade_config(saved).data.video_layout == "clip"
+  current = config_upgrade.saved_form(_tiny_config())
+  assert config_upgrade.upgrade_config(current).data.video_layout == "frames"
 
 
 def test_video_evaluation_runs_and_its_judges_see_real_clips(pipe, tmp_path):
-  result = evaluate.evaluate_video(pipe, samples_per_digit=1, steps=1)
+  result = eval_video.evaluate_video(pipe, samples_per_digit=1, steps=1)
   for key in ("qa_accuracy", "identity_accuracy", "motion_error_px",
               "world_model_com_error_px", "inverse_dynamics_mae_px"):
     assert np.isfinite(result[key]), key
@@ -458,35 +462,35 @@ def test_sample_generate_writes_gifs_and_reason_reads_them(video_workdir, tmp_pa
   out = tmp_path / "clips"
   import io
   stdout = io.StringIO()
-  pipeline.run_sample(video_workdir, "generate", prompts=["a handwritten digit 3 moving up"],
+  run_sample(video_workdir, "generate", prompts=["a handwritten digit 3 moving up"],
                       num_samples=2, out=str(out), steps=2, seed=0, stdout=stdout)
   manifest = json.loads((out / "manifest.json").read_text())
   assert [s["file"] for s in manifest["samples"]] == ["clip_0000.gif", "clip_0001.gif"]
   assert manifest["num_frames"] == 3
   with Image.open(out / "clip_0000.gif") as gif:
-    assert gif.n_frames == 3 and gif.size == (16 * pipeline.GIF_SCALE,) * 2
+    assert gif.n_frames == 3 and gif.size == (16 * media.GIF_SCALE,) * 2
   assert (out / "grid.png").exists()
   # A GIF and a folder of frames read back as clips of 3 frames.
-  clip = pipeline.load_clip(str(out / "clip_0000.gif"), 16)
+  clip = media.load_clip(str(out / "clip_0000.gif"), 16)
   assert clip.shape == (3, 16, 16)
   frames = tmp_path / "frames"
   frames.mkdir()
   for i, f in enumerate(clip):
     Image.fromarray(np.uint8(f * 255), "L").save(frames / f"{i:02d}.png")
-  np.testing.assert_allclose(pipeline.load_clip(str(frames), 16), clip, atol=1 / 255)
+  np.testing.assert_allclose(media.load_clip(str(frames), 16), clip, atol=1 / 255)
   # A digit that stays still: Pillow stores frames 1-3 as one frame shown 3x as long,
   # and the clip still reads back with its 5 frames.
   still = np.concatenate([clip[:1], clip[1:2], clip[1:2], clip[1:2], clip[2:3]])
-  pipeline.save_gif(str(tmp_path / "still.gif"), still)
+  media.save_gif(str(tmp_path / "still.gif"), still)
   with Image.open(tmp_path / "still.gif") as gif:
     assert gif.n_frames == 3
-  np.testing.assert_allclose(pipeline.load_clip(str(tmp_path / "still.gif"), 16), still,
+  np.testing.assert_allclose(media.load_clip(str(tmp_path / "still.gif"), 16), still,
                              atol=1 / 255)
-  assert pipeline.frame_repeats([100, 200, 100]) == [1, 2, 1]
-  assert pipeline.frame_repeats([100, 150]) == [1, 1]      # hand-timed: each frame once
-  assert pipeline.frame_repeats([None, 100]) == [1, 1]     # no durations: each once
+  assert media.frame_repeats([100, 200, 100]) == [1, 2, 1]
+  assert media.frame_repeats([100, 150]) == [1, 1]      # hand-timed: each frame once
+  assert media.frame_repeats([None, 100]) == [1, 1]     # no durations: each once
   stdout = io.StringIO()
-  pipeline.run_sample(video_workdir, "reason", images=[str(out / "clip_0000.gif"),
+  run_sample(video_workdir, "reason", images=[str(out / "clip_0000.gif"),
                                                        str(frames)], stdout=stdout)
   lines = stdout.getvalue().splitlines()
   assert len(lines) == 2 and lines[0].startswith(str(out / "clip_0000.gif"))
@@ -494,7 +498,7 @@ def test_sample_generate_writes_gifs_and_reason_reads_them(video_workdir, tmp_pa
   first = tmp_path / "first.png"
   Image.fromarray(np.uint8(clip[0] * 255), "L").save(first)
   pred_out = tmp_path / "pred"
-  pipeline.run_sample(video_workdir, "generate", images=[str(first)],
+  run_sample(video_workdir, "generate", images=[str(first)],
                       actions="right,right,down,up", out=str(pred_out), steps=2,
                       stdout=io.StringIO())
   manifest = json.loads((pred_out / "manifest.json").read_text())
@@ -518,7 +522,7 @@ def test_bad_actions_give_one_error_line(video_workdir, tmp_path, extra, message
 
 
 def test_first_frame_weight_weighs_frame_zero_in_the_diffusion_loss(pipe):
-  from mot import train_lib
+  from mot import step as step_lib
   config = _tiny_config()
   clip = moving_digits.constant_clip(_digit(4), "down", np.random.default_rng(0), 3)
   options = tasks.TaskOptions(patch_size=P, patch_dim=16, num_frames=3,
@@ -532,7 +536,7 @@ def test_first_frame_weight_weighs_frame_zero_in_the_diffusion_loss(pipe):
 
   def dm_loss(weights):  # same rng: same timesteps and noise, only the weights differ
     b = dict(batch, dm_mask=jnp.asarray(weights[None]))
-    return float(train_lib.compute_losses(pipe.params, b, jax.random.PRNGKey(1), pipe.model,
+    return float(step_lib.compute_losses(pipe.params, b, jax.random.PRNGKey(1), pipe.model,
                                           config, train=False)[1]["dm_loss"])
 
   tiny = 1e-9
@@ -548,7 +552,7 @@ def test_first_frame_weight_weighs_frame_zero_in_the_diffusion_loss(pipe):
   data = _tiny_config().data
   data.first_frame_weight = 0.0
   with pytest.raises(ValueError, match="first_frame_weight"):
-    data_pipeline.validate(data)
+    input_pipeline.validate(data)
 
 
 def test_caption_probe_reads_the_caption_of_the_first_frame(pipe):
@@ -581,7 +585,7 @@ def test_first_frame_task_is_caption_to_clip_cut_after_frame_zero_five_to_a_row(
   data = _tiny_config().data
   data.seq_len = 288
   data.task_weights = {"video_first_frame": 1.0}
-  batch = next(iter(data_pipeline.make_train_dataset(data, 0, 2)))
+  batch = next(iter(input_pipeline.make_train_dataset(data, 0, 2)))
   np.testing.assert_array_equal(batch["segment_ids"].max(axis=1), [5, 5])
   np.testing.assert_array_equal((batch["dm_mask"] > 0).sum(axis=1), [5 * G * G] * 2)
 
@@ -600,7 +604,7 @@ def test_frame_qa_reads_frame_zero_as_the_clip_has_it_six_to_a_row():
   data = _tiny_config().data
   data.seq_len = 288
   data.task_weights = {"video_frame_qa": 1.0}
-  batch = next(iter(data_pipeline.make_train_dataset(data, 0, 2)))
+  batch = next(iter(input_pipeline.make_train_dataset(data, 0, 2)))
   np.testing.assert_array_equal(batch["segment_ids"].max(axis=1), [6, 6])
   assert np.sum(batch["dm_mask"]) == 0
   np.testing.assert_array_equal((batch["ar_weights"] > 0).sum(axis=1), [12, 12])

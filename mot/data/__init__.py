@@ -1,5 +1,5 @@
-"""Data: grain sources, task builders, packing (DESIGN §5).
+"""Data: grain sources, task builders, packing (docs/design.md §5).
 
-Import submodules directly (`from mot.data import pipeline`); this package imports
+Import submodules directly (`from mot.data import input_pipeline`); this package imports
 nothing itself, so the sampler can use `builder` without loading grain or scikit-learn.
 """

@@ -1,8 +1,8 @@
-"""Builds one mixed text/media example as the numpy fields of DESIGN §1.
+"""Builds one mixed text/media example as the numpy fields of docs/design.md §1.
 
 The data pipeline and the sampler both use `SequenceBuilder`, so positions, block ids
 and loss masks are computed in exactly one place. Positions follow Qwen2-VL's M-RoPE
-(DESIGN §2): text advances one index per token, a media block spans its grid on the
+(docs/design.md §2): text advances one index per token, a media block spans its grid on the
 (t, h, w) axes from its start index, and whatever follows a block continues at the
 block's largest position + 1.
 """
@@ -38,7 +38,7 @@ class SequenceBuilder:
 
   Media blocks (image, video, action chunk) are framed by their begin/end marker
   tokens, which are causal text tokens and never loss targets; each block gets its own
-  block id 1, 2, ... so attention is bidirectional inside it (DESIGN §1).
+  block id 1, 2, ... so attention is bidirectional inside it (docs/design.md §1).
   Tokens accumulate in Python lists (examples are short, appends are many) and become
   arrays once, in `build`.
   """
@@ -115,7 +115,7 @@ class SequenceBuilder:
       "given"   a clean block that later frames read, marked as conditioning that
                 classifier-free guidance may blank (e.g. a world model's first frame);
       "clean"   a clean block that later frames read (e.g. frames drawn so far);
-      "noised"  a diffusion target that no other token reads (DESIGN §1);
+      "noised"  a diffusion target that no other token reads (docs/design.md §1);
       "forced"  teacher forcing: the frame noised, then the same frame clean at the same
                 positions, so it is a target AND later frames read the true frame.
     weights[k] (default 1) is frame k's diffusion loss weight, stored as its noised

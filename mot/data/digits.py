@@ -1,4 +1,4 @@
-"""scikit-learn's bundled 8x8 handwritten digits: the default data set (DESIGN §5).
+"""scikit-learn's bundled 8x8 handwritten digits: the default data set (docs/design.md §5).
 
 It ships with scikit-learn, so the default run needs no download. The split is fixed by
 the order `load_digits` returns: the first 1,500 images train, the last 297 are held
@@ -14,6 +14,7 @@ import functools
 import numpy as np
 
 NUM_TRAIN = 1500
+SIDE = 8          # the digits are SIDE x SIDE pixels
 MAX_PIXEL = 16.0
 BACKGROUND = -1.0  # A blank (value 0) pixel after scaling.
 
@@ -32,8 +33,8 @@ def check_validation_size(validation: object) -> int:
 
 
 def validation_size(data_config) -> int:
-  """config.data.validation_size (0 where the config predates the field), checked."""
-  return check_validation_size(data_config.get("validation_size", 0))
+  """config.data.validation_size, checked."""
+  return check_validation_size(data_config.validation_size)
 
 
 @functools.lru_cache(maxsize=4)
@@ -47,7 +48,7 @@ def load_digits_split(validation: int = 0
   Cached and read-only, because every caller shares the same arrays.
   """
   validation = check_validation_size(validation)
-  from sklearn import datasets  # pylint: disable=g-import-not-at-top  (slow import)
+  from sklearn import datasets  # lazy: scikit-learn is slow to import
   digits = datasets.load_digits()
   images = (digits.images / (MAX_PIXEL / 2) - 1).astype(np.float32)
   labels = digits.target.astype(np.int64)

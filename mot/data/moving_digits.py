@@ -1,4 +1,4 @@
-"""Moving digits: clips of one bundled digit translating on a larger canvas (DESIGN §5).
+"""Moving digits: clips of one bundled digit translating on a larger canvas (docs/design.md §5).
 
 A clip is T frames (default 8) of one 8x8 digit from `mot.data.digits` (same split: the
 first 1,500 train, the last 297 are held out and never trained on) pasted on a 16x16
@@ -356,28 +356,3 @@ def inverse_dynamics_example(clip: Clip, patch_size: int, patch_dim: int
 WALK_PROB = {"world_model": 0.5, "inverse_dynamics": 0.5}
 # The image tasks' names that train_lib's held-out losses ask for -> their video twins.
 HELDOUT_ALIASES = {"generation": "video_generation", "reasoning": "video_qa"}
-# Caption -> first frame starts where caption -> clip does (GENERATION_STARTS).
-_GENERATION_TASKS = ("video_generation", "video_first_frame")
-
-
-def build_example(name: str, image: np.ndarray, label, options, rng: np.random.Generator,
-                  shift_pixels: int = 0) -> dict[str, np.ndarray]:
-  """One example of video task `name` from one digit: the clip is drawn from rng.
-
-  The signature is `tasks.build_example`'s, so `mot.data.pipeline` uses either; the
-  digit's motion is its augmentation (shift_pixels is unused).
-  """
-  from mot.data import tasks  # pylint: disable=g-import-not-at-top  (tasks imports us)
-  del shift_pixels
-  name = HELDOUT_ALIASES.get(name, name)
-  task = tasks.get_task(name)
-  if task.media != "video":
-    raise ValueError(f"task {name!r} is an image task; config.data.dataset="
-                     f"'moving_digits' trains the video tasks "
-                     f"{sorted(n for n, t in tasks.TASKS.items() if t.media == 'video')}")
-  variant = int(rng.integers(task.num_variants))
-  grid = (options.patch_size if name in _GENERATION_TASKS
-          and options.generation_start == "grid" else 1)
-  clip = random_clip(image, rng, options.num_frames, options.canvas,
-                     WALK_PROB.get(name, 0.0), grid)
-  return task.build(clip, int(label), options, variant)

@@ -1,7 +1,7 @@
 """Packs several examples into one fixed-length row.
 
 Short digit examples (~25-45 tokens) would waste most of a row if each were padded
-alone. Packed examples are kept apart by `segment_ids` in the attention mask (DESIGN §1),
+alone. Packed examples are kept apart by `segment_ids` in the attention mask (docs/design.md §1),
 each restarts its positions at 0 (it was built alone), and block ids are renumbered so
 the rule `blk[i] == blk[j] > 0` never joins blocks of different examples.
 """

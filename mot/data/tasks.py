@@ -234,6 +234,33 @@ def build_example(name: str, image: np.ndarray, label: int, options: TaskOptions
   return task.build(image, int(label), options, variant)
 
 
+
+# Caption -> first frame starts where caption -> clip does (GENERATION_STARTS).
+_VIDEO_GENERATION_TASKS = ("video_generation", "video_first_frame")
+
+
+def build_video_example(name: str, image: np.ndarray, label, options: TaskOptions,
+                        rng: np.random.Generator, shift_pixels: int = 0
+                        ) -> dict[str, np.ndarray]:
+  """One example of video task `name` from one digit: the clip is drawn from rng.
+
+  The signature is `build_example`'s, so `mot.data.input_pipeline` uses either; the
+  digit's motion is its augmentation (shift_pixels is unused).
+  """
+  del shift_pixels
+  name = moving_digits.HELDOUT_ALIASES.get(name, name)
+  task = get_task(name)
+  if task.media != "video":
+    raise ValueError(f"task {name!r} is an image task; config.data.dataset="
+                     f"'moving_digits' trains the video tasks "
+                     f"{sorted(n for n, t in TASKS.items() if t.media == 'video')}")
+  variant = int(rng.integers(task.num_variants))
+  grid = (options.patch_size if name in _VIDEO_GENERATION_TASKS
+          and options.generation_start == "grid" else 1)
+  clip = moving_digits.random_clip(image, rng, options.num_frames, options.canvas,
+                                   moving_digits.WALK_PROB.get(name, 0.0), grid)
+  return task.build(clip, int(label), options, variant)
+
 def max_example_length(name: str, options: TaskOptions,
                        image_shape: tuple[int, int] = (8, 8)) -> int:
   """Longest example task `name` can produce for images of image_shape (all labels);

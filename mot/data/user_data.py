@@ -49,13 +49,13 @@ from mot import tokenizer as tokenizer_lib
 from mot.data import digits
 from mot.data import tasks
 from mot.data.builder import SequenceBuilder
+from mot.errors import field
 
 CAPTIONS_FILE = "captions.jsonl"
 QUESTION = "Describe this image."   # Reasoning prompt; the answer is the caption.
 RESIZE_MODES = ("crop", "pad", "stretch")
 TASK_NAMES = ("generation", "reasoning", "text")
 DEFAULT_IMAGE_SIZE = 8              # The digits' resolution.
-DEFAULT_NUM_HELDOUT = 64
 _SCAN_CHUNK = 1024                  # Records read at once when checking ArrayRecord files.
 _LINE_EXAMPLE = '{"image": "a.png", "caption": "a red square"}'
 _TOKENIZER = tokenizer_lib.Tokenizer()
@@ -157,7 +157,7 @@ class ArrayRecordSource:
   """Records of `encode_record` in ArrayRecord files, read with grain's data source."""
 
   def __init__(self, paths: Sequence[str], counts: Sequence[int], options: ImageOptions):
-    import grain  # pylint: disable=g-import-not-at-top
+    import grain  # lazy: only ArrayRecord data needs grain's file source
     self.paths, self.counts, self.options = list(paths), list(counts), options
     # "path[0:n]" gives the counts we already have, so files are not opened again here.
     self._records = grain.sources.ArrayRecordDataSource(
@@ -208,14 +208,14 @@ class UserData:
 # Opening and checking a dataset.
 # ----------------------------------------------------------------------------------------
 def image_options(data_config: Any) -> ImageOptions:
-  """The ImageOptions of `config.data`, checked (defaults: size 8, no invert, crop)."""
-  size = int(getattr(data_config, "image_size", DEFAULT_IMAGE_SIZE))
-  resize = str(getattr(data_config, "resize", "crop"))
+  """The ImageOptions of `config.data`, checked."""
+  size = int(field(data_config, "image_size", "config.data"))
+  resize = str(field(data_config, "resize", "config.data"))
   if size < 1:
     raise ValueError(f"config.data.image_size={size} must be positive")
   if resize not in RESIZE_MODES:
     raise ValueError(f"config.data.resize={resize!r} is unknown; known: {RESIZE_MODES}")
-  return ImageOptions(size, bool(getattr(data_config, "invert", False)), resize)
+  return ImageOptions(size, bool(field(data_config, "invert", "config.data")), resize)
 
 
 def open_user_data(data_config: Any) -> UserData:
@@ -224,14 +224,14 @@ def open_user_data(data_config: Any) -> UserData:
   Raises:
     ValueError: one line naming the field, file, line or record at fault, and the fix.
   """
-  path = str(getattr(data_config, "path", "") or "")
+  path = str(field(data_config, "path", "config.data") or "")
   dataset = data_config.dataset
   if not path:
     raise ValueError(f"config.data.path is empty: dataset {dataset!r} needs "
                      f"--config.data.path=" + ("/path/to/folder (with captions.jsonl) or "
                      "a .jsonl file" if dataset == "image_folder"
                      else "/path/to/file.array_record (or a glob of shards)"))
-  num_heldout = int(getattr(data_config, "num_heldout", DEFAULT_NUM_HELDOUT))
+  num_heldout = int(field(data_config, "num_heldout", "config.data"))
   if num_heldout < 1:
     raise ValueError(f"config.data.num_heldout={num_heldout} must be at least 1 "
                      "(evaluation needs held-out pairs)")
@@ -343,7 +343,7 @@ def _array_record_files(pattern: str) -> list[str]:
 def _open_array_record(files: tuple[str, ...], stamp: tuple, options: ImageOptions,
                        num_heldout: int) -> UserData:
   """Reads every record once: its header must parse and its image header open."""
-  from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
+  from array_record.python import array_record_module  # lazy: ArrayRecord data only
   del stamp
   counts, longest = [], ""
   for path in files:
@@ -406,7 +406,7 @@ def write_array_record(path: str, images: Iterable[Any], captions: Iterable[str]
       a PIL image (stored as PNG), or a path to an image file (its bytes stored as is).
     captions: one string per image.
   """
-  from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
+  from array_record.python import array_record_module  # lazy: ArrayRecord data only
   images, captions = list(images), list(captions)
   if len(images) != len(captions):
     raise ValueError(f"write_array_record: {len(images)} images but {len(captions)} captions")

@@ -30,6 +30,7 @@ from mot.data import moving_digits
 from mot.data import packing
 from mot.data import tasks
 from mot.data import user_data
+from mot.errors import field
 
 EPOCHS = 10**12 // 2000  # ~5e8 epochs of the digits: more than any run consumes
 DATASETS = ("digits", "moving_digits", "image_folder", "array_record")
@@ -41,10 +42,10 @@ def make_train_dataset(data_config: Any, seed: int, batch_size: int,
   """Infinite, deterministic, resumable batches of packed training rows.
 
   Args:
-    data_config: `config.data` (attributes: dataset, seq_len, examples_per_row,
-      patch_size, patch_dim, task_weights, shift_pixels; optional: num_threads and
-      prefetch for the reading threads (default 1 and 2), workers for as many
-      worker processes (default 0: none), which give the same batches faster).
+    data_config: `config.data` (dataset, seq_len, examples_per_row, patch_size,
+      patch_dim, task_weights, shift_pixels, the dataset's own fields, and num_threads,
+      prefetch and workers: reading threads, batches read ahead, and worker processes,
+      which give the same batches faster).
     seed: data seed, in [0, 2**32).
     batch_size: rows per batch on this process.
     shard_index, shard_count: this process's share of rows (multi-host: process
@@ -57,7 +58,7 @@ def make_train_dataset(data_config: Any, seed: int, batch_size: int,
   """
   options = validate(data_config)
   names, probs = _task_mixture(data_config)
-  pairs = _train_pairs(data_config)
+  pairs = train_pairs(data_config)
   shuffle_seed, map_seed = (int(s) for s in np.random.SeedSequence(seed).generate_state(2))
   # A finite but practically endless repeat: grain's `repeat(None)` length (sys.maxsize)
   # overflows `batch(1)`, i.e. examples_per_row = 1.
@@ -72,11 +73,10 @@ def make_train_dataset(data_config: Any, seed: int, batch_size: int,
   ds = ds.batch(batch_size)
   if shard_count > 1:
     ds = ds[shard_index::shard_count]
-  read_options = grain.ReadOptions(
-      num_threads=int(getattr(data_config, "num_threads", 1)),
-      prefetch_buffer_size=int(getattr(data_config, "prefetch", 2)))
+  read_options = grain.ReadOptions(num_threads=int(data_config.num_threads),
+                                   prefetch_buffer_size=int(data_config.prefetch))
   it_ds = ds.to_iter_dataset(read_options)
-  workers = int(getattr(data_config, "workers", 0))
+  workers = int(data_config.workers)
   if workers > 0:  # Worker i makes batches i, i + workers, ...: same batches, in order.
     it_ds = it_ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
   return it_ds
@@ -91,7 +91,7 @@ def heldout_examples(data_config: Any, task: str) -> list[dict[str, np.ndarray]]
   if data_config.dataset == "moving_digits":  # train_lib asks for the image tasks' names
     task = moving_digits.HELDOUT_ALIASES.get(task, task)
   options = validate(data_config, task_names=(task,))
-  pairs, build = _heldout_pairs(data_config), _build_fn(data_config)
+  pairs, build = heldout_pairs(data_config), _build_fn(data_config)
   examples = []
   for i in range(len(pairs)):
     image, label = pairs[i]
@@ -101,7 +101,7 @@ def heldout_examples(data_config: Any, task: str) -> list[dict[str, np.ndarray]]
 
 def heldout_labels(data_config: Any) -> np.ndarray:
   """int [297] labels of the held-out digits (never trained on); user data: its captions."""
-  pairs = _heldout_pairs(data_config)
+  pairs = heldout_pairs(data_config)
   if isinstance(pairs, _ArrayPairs):
     return pairs.labels
   return np.array([pairs[i][1] for i in range(len(pairs))])
@@ -109,7 +109,7 @@ def heldout_labels(data_config: Any) -> np.ndarray:
 
 def heldout_images(data_config: Any) -> np.ndarray:
   """float32 [297, 8, 8] held-out digits in [-1, 1]; user data: [M, S, S]."""
-  pairs = _heldout_pairs(data_config)
+  pairs = heldout_pairs(data_config)
   if isinstance(pairs, _ArrayPairs):
     return pairs.images
   return np.stack([pairs[i][0] for i in range(len(pairs))])
@@ -128,76 +128,111 @@ def describe_batch(batch: Mapping[str, np.ndarray]) -> dict[str, int | float]:
   }
 
 
+def _f(data_config: Any, name: str):
+  return field(data_config, name, "config.data")
+
+
+def _image_side(data_config: Any) -> int:
+  """Side of the dataset's images (video: of the canvas its clips are drawn on)."""
+  dataset = data_config.dataset
+  if dataset == "moving_digits":
+    return int(_f(data_config, "canvas_size"))
+  if dataset == "digits":
+    size = int(_f(data_config, "image_size"))
+    if size != digits.SIDE:
+      raise ValueError(f"config.data.image_size={size}: the bundled digits are "
+                       f"{digits.SIDE}x{digits.SIDE}; set it to {digits.SIDE}")
+    return size
+  return user_data.image_options(data_config).size
+
+
+def _check_video(data_config: Any, size: int) -> dict[str, Any]:
+  """The video fields of a moving-digits config, checked, as TaskOptions keywords."""
+  num_frames = int(_f(data_config, "num_frames"))
+  if not 2 <= num_frames <= size - moving_digits.DIGIT + 1:
+    raise ValueError(f"config.data.num_frames={num_frames} must be in [2, "
+                     f"{size - moving_digits.DIGIT + 1}]: a digit moves one pixel a "
+                     f"frame and must stay on the {size}x{size} canvas "
+                     "(config.data.canvas_size)")
+  layout = str(_f(data_config, "video_layout"))
+  if layout not in moving_digits.VIDEO_LAYOUTS:
+    raise ValueError(f"config.data.video_layout={layout!r} must be one of "
+                     f"{moving_digits.VIDEO_LAYOUTS}")
+  start = str(_f(data_config, "generation_start"))
+  if start not in moving_digits.GENERATION_STARTS:
+    raise ValueError(f"config.data.generation_start={start!r} must be one of "
+                     f"{moving_digits.GENERATION_STARTS}")
+  first_weight = float(_f(data_config, "first_frame_weight"))
+  if not 0 < first_weight <= 100 or (layout != "frames" and first_weight != 1):
+    raise ValueError(f"config.data.first_frame_weight={first_weight} must be in (0, 100] "
+                     "and weighs a frame only with video_layout='frames' (else use 1)")
+  return dict(num_frames=num_frames, canvas=size, video_layout=layout,
+              generation_start=start, first_frame_weight=first_weight)
+
+
+def _check_augmentation(data_config: Any, size: int) -> dict[str, Any]:
+  """The reading augmentations, checked, as TaskOptions keywords."""
+  rotate = float(_f(data_config, "rotate_degrees"))
+  scale = float(_f(data_config, "scale_jitter"))
+  if not 0 <= rotate <= 45 or not 0 <= scale < 0.5:
+    raise ValueError(f"config.data.rotate_degrees={rotate} / scale_jitter={scale} out of "
+                     "range: use 0..45 degrees and 0..0.5")
+  cutout, cutout_prob = _f(data_config, "cutout_size"), float(_f(data_config, "cutout_prob"))
+  if not isinstance(cutout, int) or not 0 <= cutout < size or not 0 <= cutout_prob <= 1:
+    raise ValueError(f"config.data.cutout_size={cutout!r} / cutout_prob={cutout_prob} out of "
+                     f"range: use an integer side 0..{size - 1} (0: off) and a probability 0..1")
+  elastic = float(_f(data_config, "elastic_alpha"))
+  sigma, prob = float(_f(data_config, "elastic_sigma")), float(_f(data_config, "elastic_prob"))
+  if not 0 <= elastic <= 2 or not 0.5 <= sigma <= size or not 0 <= prob <= 1:
+    raise ValueError(f"config.data.elastic_alpha={elastic} / elastic_sigma={sigma} / "
+                     f"elastic_prob={prob} out of range: use 0..2 pixels (0: off), a "
+                     f"smoothing of 0.5..{size} pixels and a probability 0..1")
+  return dict(rotate_degrees=rotate, scale_jitter=scale, cutout_size=cutout,
+              cutout_prob=cutout_prob, elastic_alpha=elastic, elastic_sigma=sigma,
+              elastic_prob=prob)
+
+
+def _check_patches(data_config: Any, size: int) -> tuple[int, int]:
+  """(patch_size, patch_dim), checked against the image side."""
+  p, patch_dim = int(_f(data_config, "patch_size")), int(_f(data_config, "patch_dim"))
+  if p < 1 or size % p:
+    where = {"digits": "", "moving_digits": " (config.data.canvas_size)"}.get(
+        data_config.dataset, " (config.data.image_size)")
+    raise ValueError(f"config.data.patch_size={p} must divide the {size}x{size} images{where}")
+  if patch_dim < p * p:
+    raise ValueError(f"config.data.patch_dim={patch_dim} is smaller than patch_size**2 "
+                     f"= {p * p}")
+  return p, patch_dim
+
+
+def _check_read_window(data_config: Any, size: int, p: int, patch_dim: int) -> int:
+  """config.data.read_window (image datasets: the reading task's patch neighbourhood)."""
+  window = _f(data_config, "read_window")
+  if not isinstance(window, int) or (window and (window <= p or (window - p) % 2 or window
+                                                 > size or window * window > patch_dim)):
+    raise ValueError(f"config.data.read_window={window!r} must be 0 (off) or a square centred "
+                     f"on the {p}x{p} patch (larger by an even number, at most {size}) whose "
+                     f"window**2 pixels fit config.data.patch_dim={patch_dim}")
+  return window
+
+
 def validate(data_config: Any, task_names: tuple[str, ...] | None = None) -> tasks.TaskOptions:
   """Checks data_config; returns the TaskOptions. Errors are one line naming the field."""
-  dataset = data_config.dataset
+  dataset = _f(data_config, "dataset")
   if dataset not in DATASETS:
     raise ValueError(f"config.data.dataset={dataset!r} is unknown; known: {DATASETS}")
   if digits.validation_size(data_config) and dataset not in DIGIT_DATASETS:
     raise ValueError(f"config.data.validation_size applies to the bundled digits; "
                      f"dataset={dataset!r} holds out its own pairs: set config.data."
                      "num_heldout instead and leave validation_size at 0")
-  p, patch_dim = int(data_config.patch_size), int(data_config.patch_dim)
-  if dataset == "moving_digits":
-    size = int(data_config.get("canvas_size", moving_digits.CANVAS))
-    num_frames = int(data_config.get("num_frames", moving_digits.NUM_FRAMES))
-    if not 2 <= num_frames <= size - moving_digits.DIGIT + 1:
-      raise ValueError(f"config.data.num_frames={num_frames} must be in [2, "
-                       f"{size - moving_digits.DIGIT + 1}]: a digit moves one pixel a "
-                       f"frame and must stay on the {size}x{size} canvas "
-                       "(config.data.canvas_size)")
+  size = _image_side(data_config)
+  p, patch_dim = _check_patches(data_config, size)
+  if dataset == "moving_digits":  # clips: no reading augmentation, no reading window
+    media = _check_video(data_config, size)
   else:
-    size = 8 if dataset == "digits" else user_data.image_options(data_config).size
-    num_frames = moving_digits.NUM_FRAMES
-  if p < 1 or size % p:
-    raise ValueError(f"config.data.patch_size={p} must divide the {size}x{size} images" +
-                     {"digits": "", "moving_digits": " (config.data.canvas_size)"}.get(
-                         dataset, " (config.data.image_size)"))
-  if patch_dim < p * p:
-    raise ValueError(f"config.data.patch_dim={patch_dim} is smaller than patch_size**2 "
-                     f"= {p * p}")
-  rotate = float(getattr(data_config, "rotate_degrees", 0.0))
-  scale = float(getattr(data_config, "scale_jitter", 0.0))
-  if not 0 <= rotate <= 45 or not 0 <= scale < 0.5:
-    raise ValueError(f"config.data.rotate_degrees={rotate} / scale_jitter={scale} out of "
-                     "range: use 0..45 degrees and 0..0.5")
-  cutout = data_config.get("cutout_size", 0)
-  cutout_prob = float(data_config.get("cutout_prob", 0.5))
-  if not isinstance(cutout, int) or not 0 <= cutout < size or not 0 <= cutout_prob <= 1:
-    raise ValueError(f"config.data.cutout_size={cutout!r} / cutout_prob={cutout_prob} out of "
-                     f"range: use an integer side 0..{size - 1} (0: off) and a probability 0..1")
-  elastic = float(data_config.get("elastic_alpha", 0.0))
-  elastic_sigma = float(data_config.get("elastic_sigma", 1.5))
-  elastic_prob = float(data_config.get("elastic_prob", 0.5))
-  if not 0 <= elastic <= 2 or not 0.5 <= elastic_sigma <= size or not 0 <= elastic_prob <= 1:
-    raise ValueError(f"config.data.elastic_alpha={elastic} / elastic_sigma={elastic_sigma} / "
-                     f"elastic_prob={elastic_prob} out of range: use 0..2 pixels (0: off), a "
-                     f"smoothing of 0.5..{size} pixels and a probability 0..1")
-  window = data_config.get("read_window", 0)
-  if not isinstance(window, int) or (window and (window <= p or (window - p) % 2 or window
-                                                 > size or window * window > patch_dim)):
-    raise ValueError(f"config.data.read_window={window!r} must be 0 (off) or a square centred "
-                     f"on the {p}x{p} patch (larger by an even number, at most {size}) whose "
-                     f"window**2 pixels fit config.data.patch_dim={patch_dim}")
-  layout = str(data_config.get("video_layout", "clip"))  # older configs: one clip block
-  if layout not in moving_digits.VIDEO_LAYOUTS:
-    raise ValueError(f"config.data.video_layout={layout!r} must be one of "
-                     f"{moving_digits.VIDEO_LAYOUTS}")
-  start = str(data_config.get("generation_start", "any"))  # older configs: anywhere
-  if start not in moving_digits.GENERATION_STARTS:
-    raise ValueError(f"config.data.generation_start={start!r} must be one of "
-                     f"{moving_digits.GENERATION_STARTS}")
-  first_weight = float(data_config.get("first_frame_weight", 1.0))
-  if not 0 < first_weight <= 100 or (layout != "frames" and first_weight != 1):
-    raise ValueError(f"config.data.first_frame_weight={first_weight} must be in (0, 100] "
-                     "and weighs a frame only with video_layout='frames' (else use 1)")
-  options = tasks.TaskOptions(patch_size=p, patch_dim=patch_dim, num_frames=num_frames,
-                              canvas=size, rotate_degrees=rotate, scale_jitter=scale,
-                              cutout_size=cutout, cutout_prob=cutout_prob,
-                              elastic_alpha=elastic, elastic_sigma=elastic_sigma,
-                              elastic_prob=elastic_prob, read_window=window,
-                              video_layout=layout, generation_start=start,
-                              first_frame_weight=first_weight)
+    media = dict(canvas=size, read_window=_check_read_window(data_config, size, p, patch_dim),
+                 **_check_augmentation(data_config, size))
+  options = tasks.TaskOptions(patch_size=p, patch_dim=patch_dim, **media)
   if task_names is None:
     task_names = _task_mixture(data_config)[0]
   for name in task_names:
@@ -208,7 +243,14 @@ def validate(data_config: Any, task_names: tuple[str, ...] | None = None) -> tas
                        "config.data.task_weights to 0" +
                        (" (video tasks need dataset='moving_digits')"
                         if media == "video" else ""))
-  if dataset in DIGIT_DATASETS:
+  _check_lengths(data_config, options, task_names, size)
+  return options
+
+
+def _check_lengths(data_config: Any, options: tasks.TaskOptions, task_names, size) -> None:
+  """Refuses a seq_len that cannot hold one example of a task; warns when packing will
+  drop examples."""
+  if data_config.dataset in DIGIT_DATASETS:
     lengths = {name: tasks.max_example_length(name, options) for name in task_names}
     why = ""
   else:  # Opens and checks every file once (cached): errors surface here, not in grain.
@@ -218,18 +260,17 @@ def validate(data_config: Any, task_names: tuple[str, ...] | None = None) -> tas
     why = (f" (the longest caption has {len(data.longest_caption.encode('utf-8'))} bytes; "
            "shorten it or raise seq_len)")
   longest = max(lengths, key=lengths.get)
-  seq_len = int(data_config.seq_len)
+  seq_len = int(_f(data_config, "seq_len"))
   if seq_len < lengths[longest]:
     raise ValueError(f"config.data.seq_len={seq_len} cannot hold one {longest!r} example: "
                      f"the minimum needed is {lengths[longest]}{why}")
-  per_row = int(getattr(data_config, "examples_per_row", 1))
+  per_row = int(_f(data_config, "examples_per_row"))
   group = max(lengths[n] * tasks.get_task(n).per_row for n in task_names)
   if per_row * group > seq_len:
     _warn_once(f"config.data.seq_len={seq_len} < examples_per_row={per_row} x {group} "
                "tokens (the longest task's example): a row whose drawn examples do not fit "
                "drops the last ones (rare when most examples are shorter); raise seq_len "
                "to drop none")
-  return options
 
 
 _WARNED: set[str] = set()
@@ -309,7 +350,7 @@ class _ArrayPairs:
 def _build_fn(data_config: Any):
   """(task name, image, label or caption, options, rng, shift) -> example."""
   return {"digits": tasks.build_example,
-          "moving_digits": moving_digits.build_example}.get(data_config.dataset,
+          "moving_digits": tasks.build_video_example}.get(data_config.dataset,
                                                             user_data.build_example)
 
 
@@ -326,12 +367,12 @@ def _split_pairs(data_config: Any, heldout: bool):
                    f"known: {DATASETS}")
 
 
-def _train_pairs(data_config: Any):
+def train_pairs(data_config: Any):
   """The pairs the model trains on."""
   return _split_pairs(data_config, heldout=False)
 
 
-def _heldout_pairs(data_config: Any):
+def heldout_pairs(data_config: Any):
   """The pairs kept for evaluation only."""
   return _split_pairs(data_config, heldout=True)
 

@@ -1,0 +1,86 @@
+"""Configs saved by older versions of mot, brought up to the fields this version reads.
+
+Every checkpoint stores the run's config as JSON beside it, with the `CONFIG_VERSION` that
+wrote it (`saved_form`). `upgrade_config` is the one way an older config is read: it fills
+each field added since, with the value that reproduces how the older version ran (the
+field did not exist, so the code behaved as this value does). A field this version needs
+that no upgrade supplies is a one-line CheckpointError, never a silent default.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import ml_collections
+
+from mot.errors import CheckpointError
+
+CONFIG_VERSION = 1
+VERSION_KEY = "config_version"
+
+# Fields read before version 1 with a fallback when a config lacked them: the fallback is
+# the behaviour of every run that did not declare them. Sections apply to the datasets named.
+_V1_TOP = {"ar_label_smoothing": 0.0, "freeze_understanding": False,
+           "eval_samples_per_digit": 0}
+_V1_SAMPLE = {"steps": 32, "sampler": "euler", "cfg_scale": 1.0, "shift": 1.0,
+              "context_length": 0, "reason_shifts": 0}
+_V1_DATA = {"num_threads": 1, "prefetch": 2, "workers": 0, "examples_per_row": 1,
+            "validation_size": 0}
+_V1_IMAGE_DATA = {"rotate_degrees": 0.0, "scale_jitter": 0.0, "cutout_size": 0,
+                  "cutout_prob": 0.5, "elastic_alpha": 0.0, "elastic_sigma": 1.5,
+                  "elastic_prob": 0.5, "read_window": 0}
+_V1_DATA_BY_DATASET = {
+    "digits": {"image_size": 8, **_V1_IMAGE_DATA},
+    "moving_digits": {"canvas_size": 16, "num_frames": 8, "video_layout": "clip",
+                      "generation_start": "any", "first_frame_weight": 1.0},
+    "image_folder": {"image_size": 8, "invert": False, "resize": "crop", "num_heldout": 64,
+                     **_V1_IMAGE_DATA},
+    "array_record": {"image_size": 8, "invert": False, "resize": "crop", "num_heldout": 64,
+                     **_V1_IMAGE_DATA},
+}
+# Model fields and the value each took when a saved config lacked it (version 0 filled
+# them from the model dataclass's then defaults).
+_V1_MODEL = {
+    "vocab_size": 272, "d_model": 256, "num_layers": 4, "num_heads": 4, "num_kv_heads": 2,
+    "head_dim": 64, "mlp_dim": 1024, "patch_dim": 4, "modality_patch_dims": [0, 4, 4, 2],
+    "rope_sections": [8, 12, 12], "rope_theta": 10000.0, "rope_interleaved": True,
+    "time_embed_dim": 256, "experts": "shared", "expert_impl": "auto", "expert_tile": 256,
+    "init_generation_from_understanding": False, "scan_layers": True, "scan_unroll": 1,
+    "remat_policy": "none", "dtype": "float32", "matmul_dtype": "same",
+    "param_dtype": "float32", "norm_eps": 1e-6, "dropout_rate": 0.0, "attention_impl": "auto",
+}
+
+
+def _fill(section: dict, values: dict) -> None:
+  for key, value in values.items():
+    section.setdefault(key, copy.deepcopy(value))
+
+
+def _upgrade_to_v1(config: dict) -> None:
+  """Version 0 (no version key) -> 1: every field a run reads is declared."""
+  _fill(config, _V1_TOP)
+  _fill(config.setdefault("sample", {}), _V1_SAMPLE)
+  data = config.setdefault("data", {})
+  _fill(data, _V1_DATA)
+  _fill(data, _V1_DATA_BY_DATASET.get(data.get("dataset"), {}))
+  _fill(config.setdefault("model", {}), _V1_MODEL)
+
+
+_UPGRADES = {0: _upgrade_to_v1}   # version v -> the function that makes it v + 1
+
+
+def saved_form(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """The JSON a checkpoint stores: the config's fields and the version that wrote them."""
+  return dict(config.to_dict(), **{VERSION_KEY: CONFIG_VERSION})
+
+
+def upgrade_config(saved: dict[str, Any]) -> ml_collections.ConfigDict:
+  """The ConfigDict of a checkpoint's saved config, in this version's fields."""
+  config = copy.deepcopy(dict(saved))
+  version = config.pop(VERSION_KEY, 0)
+  if not isinstance(version, int) or not 0 <= version <= CONFIG_VERSION:
+    raise CheckpointError(f"the checkpoint's config has {VERSION_KEY}={version!r}, but this "
+                          f"version of mot reads up to {CONFIG_VERSION}: upgrade mot")
+  for v in range(version, CONFIG_VERSION):
+    _UPGRADES[v](config)
+  return ml_collections.ConfigDict(config)

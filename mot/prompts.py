@@ -1,0 +1,118 @@
+"""The prompts sampling builds: the training layouts of `mot.data.tasks` and
+`mot.data.moving_digits` up to the part the model answers or draws.
+
+`PromptBuilder` holds what a layout depends on (patch size and width, image side, the
+reading window, the video layout) and builds every example with the `SequenceBuilder` the
+data pipeline uses, so positions, block ids and conditioning marks match training exactly.
+Images come in as float [H, W] in [0, 1] (`mot.media`).
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from mot import media
+from mot import tokenizer as tokenizer_lib
+from mot.data import digits
+from mot.data.builder import SequenceBuilder
+
+ACTIONS_PROMPT = "actions:"   # = mot.data.moving_digits.ACTIONS_PROMPT
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptBuilder:
+  """Builds sampling prompts in one checkpoint's training layouts."""
+  patch_dim: int             # P: width of the `patches` field (model.patch_dim)
+  patch_size: int            # pixels per patch side (data.patch_size)
+  image_size: int            # image (or video frame) side in pixels
+  read_window: int           # reading images: the window each patch token carries (0: off)
+  video_layout: str          # "clip" (one block) or "frames" (one block a frame)
+  action_dim: int            # real dims of an action patch (model.modality_patch_dims[3])
+  tokenizer: tokenizer_lib.Tokenizer = dataclasses.field(
+      default_factory=tokenizer_lib.Tokenizer)
+
+  def _start(self) -> SequenceBuilder:
+    b = SequenceBuilder(self.patch_dim)
+    b.add_text([tokenizer_lib.BOS])
+    return b
+
+  def _patches(self, unit: np.ndarray) -> np.ndarray:
+    return digits.patchify(media.to_model_scale(unit), self.patch_size)
+
+  def reasoning_prompt(self, text: str, image: np.ndarray | None = None,
+                       video: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """BOS, [clean image], [clean video], text: the reading layout up to its answer."""
+    b = self._start()
+    if image is not None:
+      b.add_image(digits.patchify_window(media.to_model_scale(image), self.patch_size,
+                                         self.read_window), noised=False)
+    if video is not None:
+      b.add_video(self._patches(video), noised=False)
+    b.add_text(self.tokenizer.encode(text))
+    return b.build()
+
+  def generation_example(self, text: str, answer_ids: Sequence[int] = ()
+                         ) -> dict[str, np.ndarray]:
+    """BOS, text (+ answer ids) as conditioning, a noised image block: the drawing layout."""
+    b = self._start()
+    b.add_text(self.tokenizer.encode(text), cond=True)
+    if answer_ids:
+      b.add_text(list(answer_ids), cond=True)
+    b.add_image(self.blank_frames(1)[0], noised=True)
+    return b.build()
+
+  def blank_frames(self, n: int) -> np.ndarray:
+    """Patches [n, g, g, P] of n empty frames (the shape of the blocks to draw)."""
+    side = self.image_size
+    return digits.patchify(np.zeros((n, side, side), np.float32), self.patch_size)
+
+  def add_frames_to_draw(self, b: SequenceBuilder, num_frames: int,
+                         drawn: np.ndarray | None, given: np.ndarray | None = None) -> None:
+    """Appends the frames to generate. Layout "clip": num_frames noised frames, one
+    block. Layout "frames": the `given` first frame [1, H, W] (if any, as conditioning)
+    and the frames drawn so far (float [k, H, W] in [0, 1]) clean, then the next frame
+    noised: the example that draws frame k (`Pipeline` rolls these out)."""
+    if self.video_layout == "clip":
+      b.add_video(self.blank_frames(num_frames), noised=True)
+      return
+    side = self.image_size
+    empty = np.zeros((0, side, side), np.float32)
+    given = empty if given is None else np.asarray(given, np.float32)
+    drawn = empty if drawn is None else np.asarray(drawn, np.float32)
+    known = np.concatenate([given, drawn])
+    patches = np.concatenate([self._patches(known), self.blank_frames(1)])
+    b.add_video_frames(patches, ["given"] * len(given) + ["clean"] * len(drawn) + ["noised"])
+
+  def video_generation_example(self, text: str, num_frames: int,
+                               drawn: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """BOS, text as conditioning, the clip to draw (caption -> clip; see
+    `add_frames_to_draw` for `drawn`)."""
+    b = self._start()
+    b.add_text(self.tokenizer.encode(text), cond=True)
+    self.add_frames_to_draw(b, num_frames, drawn)
+    return b.build()
+
+  def world_model_example(self, first_frame: np.ndarray, actions: np.ndarray,
+                          drawn: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """The world-model layout (mot.data.moving_digits): first frame [H, W] in [0, 1],
+    actions [K, 2], the K frames to draw (`add_frames_to_draw` for `drawn`)."""
+    b = self._start()
+    actions = np.asarray(actions, np.float32)
+    if self.video_layout == "clip":
+      b.add_video(self._patches(first_frame[None]), noised=False, cond=True)
+      b.add_action(actions, noised=False, cond=True)
+      self.add_frames_to_draw(b, len(actions), None)
+    else:  # as mot.data.moving_digits.world_model_example: the first frame opens the clip
+      b.add_action(actions, noised=False, cond=True)
+      self.add_frames_to_draw(b, len(actions), drawn, given=first_frame[None])
+    return b.build()
+
+  def inverse_dynamics_example(self, clip: np.ndarray) -> dict[str, np.ndarray]:
+    """BOS, [clip [T, H, W] in [0, 1]], "actions:", T - 1 noised actions."""
+    b = self._start()
+    b.add_video(self._patches(clip), noised=False, cond=True)
+    b.add_text(self.tokenizer.encode(ACTIONS_PROMPT))
+    b.add_action(np.zeros((len(clip) - 1, self.action_dim), np.float32), noised=True)
+    return b.build()
