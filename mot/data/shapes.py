@@ -1,0 +1,299 @@
+"""Shapes (issue #39): deterministic training streams and fixed evaluation sets.
+
+The scene contract lives in `shapes_scene` (palette, rasterisation, layout, options) and
+the text in `shapes_grammar` (captions, questions, think-then-draw); this module decides
+what each task sees:
+
+- Training examples are pure functions of (seed, index): `training_scene`,
+  `generation_example`, `vqa_example`, `caption_example`, `think_draw_example`,
+  `text_example`. They draw training (colour, shape) types only, so no held-out pair
+  appears in any training scene, caption, question, answer or drawn image.
+- Evaluation sets are fixed (independent of the training seed): `prompt_set` (GenEval-style
+  prompts per category), `vqa_set` (per question type), `caption_set`, `think_draw_set`,
+  each "in_distribution" or "heldout" (every held-out item contains a held-out pair; where
+  a question can, it is about that object). Item i of a set does not depend on n, so a
+  smaller set is a prefix of a larger one.
+- Scenes are split by a hash of their key: `is_eval_scene` reserves 1/EVAL_SHARDS of all
+  scenes for evaluation, and training never draws one, so no evaluation image is ever
+  trained on (the finite caption grammar is shared, as GenEval's prompts are).
+
+Usage:
+  from mot.data import shapes, shapes_scene
+  caption, scene = shapes.generation_example(seed=0, index=17)
+  image = shapes_scene.render(scene)            # uint8 [32, 32, 3]
+  for scene, qa in shapes.vqa_set("relation", "heldout", n=64): ...
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+import dataclasses
+import functools
+import zlib
+
+import numpy as np
+
+from mot import tokenizer as tokenizer_lib
+from mot.data import shapes_grammar as grammar
+from mot.data import shapes_scene
+from mot.data.shapes_scene import DEFAULT_OPTIONS
+from mot.data.shapes_scene import Scene
+from mot.data.shapes_scene import ShapesOptions
+
+SPLITS = ("in_distribution", "heldout")
+EVAL_SHARDS = 8        # 1 scene in EVAL_SHARDS (by hash) is reserved for evaluation
+DEFAULT_SET_SIZE = 64  # items per evaluation set unless the caller asks otherwise
+# How often each scene kind is drawn for questions and think-then-draw contexts: mixed
+# scenes make the counts and uniqueness questions varied, the others keep every
+# question type (describe needs a captionable scene) well supplied.
+KIND_WEIGHTS = {"single": 0.15, "count": 0.2, "pair": 0.25, "mixed": 0.4}
+_MAX_DRAWS = 1000      # rejection-sampling bound; hitting it means impossible options
+_TOKENIZER = tokenizer_lib.Tokenizer()
+
+
+@dataclasses.dataclass(frozen=True)
+class ThinkDraw:
+  """Context scene, prompt, answer caption and a scene drawn to the answer."""
+  context: Scene
+  prompt: str
+  answer: str
+  scene: Scene
+
+
+def is_eval_scene(scene: Scene) -> bool:
+  """True for the 1/EVAL_SHARDS of scenes reserved for evaluation (by CRC-32 of the key)."""
+  return zlib.crc32(scene.key().encode()) % EVAL_SHARDS == 0
+
+
+def _check_split(split: str) -> bool:
+  """True for "heldout"; a ValueError naming the choices for anything else."""
+  if split not in SPLITS:
+    raise ValueError(f"unknown split {split!r}: use one of {SPLITS}")
+  return split == "heldout"
+
+
+def _draw_kind(rng: np.random.Generator) -> str:
+  return str(rng.choice(list(KIND_WEIGHTS), p=list(KIND_WEIGHTS.values())))
+
+
+def _scene(rng: np.random.Generator, kind: str, options: ShapesOptions,
+           split: str | None) -> Scene:
+  """A scene of `kind`: training (split None), in-distribution or held-out evaluation;
+  training and in-distribution scenes fall on their side of `is_eval_scene`."""
+  heldout = split == "heldout"
+  for _ in range(_MAX_DRAWS):
+    scene = shapes_scene.sample_scene(rng, kind, options, heldout)
+    if heldout or is_eval_scene(scene) == (split == "in_distribution"):
+      return scene
+  raise ValueError(f"no {split or 'training'} scene of kind {kind!r} for {options}")
+
+
+def _scene_for(req: grammar.Requirement, rng: np.random.Generator, options: ShapesOptions,
+               split: str | None) -> Scene:
+  """A scene that `req` captions (relation included), on the side of `split`."""
+  for _ in range(_MAX_DRAWS):
+    scene = shapes_scene.place(req.kinds, rng, options)
+    on_side = split == "heldout" or is_eval_scene(scene) == (split == "in_distribution")
+    if on_side and grammar.satisfies(scene, req):
+      return scene
+  raise ValueError(f"cannot draw {grammar.caption_text(req)!r} with {options}")
+
+
+# -------------------------------------------------------------------------- training
+
+
+def training_scene(seed: int, index: int, options: ShapesOptions = DEFAULT_OPTIONS) -> Scene:
+  """Scene `index` of the endless training stream of `seed` (kind by KIND_WEIGHTS)."""
+  rng = shapes_scene.rng_for("train/scene", seed, index)
+  return _scene(rng, _draw_kind(rng), options, None)
+
+
+def training_scenes(seed: int, options: ShapesOptions = DEFAULT_OPTIONS,
+                    start: int = 0) -> Iterator[Scene]:
+  """The endless stream training_scene(seed, start), training_scene(seed, start + 1), ..."""
+  index = start
+  while True:
+    yield training_scene(seed, index, options)
+    index += 1
+
+
+@functools.lru_cache(maxsize=64)
+def category_requirements(category: str, split: str | None,
+                          options: ShapesOptions = DEFAULT_OPTIONS
+                          ) -> tuple[grammar.Requirement, ...]:
+  """Every requirement of `category` on one side: training types only (split None or
+  "in_distribution"), or with at least one held-out pair ("heldout")."""
+  if category not in grammar.CATEGORIES:
+    raise ValueError(f"unknown category {category!r}: use one of {grammar.CATEGORIES}")
+  heldout = split is not None and _check_split(split)
+  types = options.all_types if heldout else options.training_types
+  return tuple(r for r in grammar.all_requirements(types, options.max_objects)
+               if r.category == category and r.is_heldout(options) == heldout)
+
+
+def _caption_and_scene(rng: np.random.Generator, options: ShapesOptions
+                       ) -> tuple[str, Scene]:
+  categories = [c for c in grammar.CATEGORIES if category_requirements(c, None, options)]
+  reqs = category_requirements(categories[int(rng.integers(len(categories)))], None, options)
+  req = reqs[int(rng.integers(len(reqs)))]
+  return grammar.caption_text(req), _scene_for(req, rng, options, None)
+
+
+def generation_example(seed: int, index: int, options: ShapesOptions = DEFAULT_OPTIONS
+                       ) -> tuple[str, Scene]:
+  """(caption, scene) for caption -> image: a category uniformly, a caption of it
+  uniformly, then a scene it captions."""
+  return _caption_and_scene(shapes_scene.rng_for("train/generation", seed, index), options)
+
+
+def caption_example(seed: int, index: int, options: ShapesOptions = DEFAULT_OPTIONS
+                    ) -> tuple[Scene, str]:
+  """(scene, its canonical caption) for image -> caption ("Describe this image.");
+  scenes drawn as for generation, so every caption category is equally common."""
+  _, scene = _caption_and_scene(shapes_scene.rng_for("train/caption", seed, index), options)
+  return scene, grammar.caption(scene)
+
+
+def _pick_question(qas, rng: np.random.Generator) -> grammar.QA:
+  """A question type uniformly among those defined, then a question of it uniformly."""
+  qtypes = sorted({q.qtype for q in qas}, key=grammar.QTYPES.index)
+  qtype = qtypes[int(rng.integers(len(qtypes)))]
+  of_type = [q for q in qas if q.qtype == qtype]
+  return of_type[int(rng.integers(len(of_type)))]
+
+
+def vqa_example(seed: int, index: int, options: ShapesOptions = DEFAULT_OPTIONS
+                ) -> tuple[Scene, grammar.QA]:
+  """(scene, question) for image -> answer, question types equally likely."""
+  rng = shapes_scene.rng_for("train/vqa", seed, index)
+  scene = _scene(rng, _draw_kind(rng), options, None)
+  return scene, _pick_question(grammar.questions(scene, options.colors), rng)
+
+
+def _think_draw(rng: np.random.Generator, options: ShapesOptions, split: str | None,
+                heldout: bool) -> ThinkDraw:
+  for _ in range(_MAX_DRAWS):
+    context = _scene(rng, _draw_kind(rng), options, split)
+    draws = [d for d in grammar.draw_prompts(context, options.max_objects)
+             if d.requirement.is_heldout(options) == heldout
+             and all(c in options.colors and s in options.shapes for c, s, _ in
+                     d.requirement.objects)]
+    if draws:
+      d = draws[int(rng.integers(len(draws)))]
+      return ThinkDraw(context, d.prompt, d.answer, _scene_for(d.requirement, rng, options,
+                                                               split))
+  raise ValueError(f"no think-then-draw prompt for {options}")
+
+
+def think_draw_example(seed: int, index: int, options: ShapesOptions = DEFAULT_OPTIONS
+                       ) -> ThinkDraw:
+  """Context scene -> `draw ...:` prompt -> answer caption (AR) -> drawn scene (DM)."""
+  return _think_draw(shapes_scene.rng_for("train/think_draw", seed, index), options, None,
+                     False)
+
+
+def text_example(seed: int, index: int, options: ShapesOptions = DEFAULT_OPTIONS) -> str:
+  """Text only: a relation caption and its converse, e.g. "a red square left of a blue
+  circle means a blue circle right of a red square" (training types only)."""
+  rng = shapes_scene.rng_for("train/text", seed, index)
+  reqs = category_requirements("position", None, options)
+  if not reqs:
+    raise ValueError(f"no relation captions (two types needed) for {options}")
+  return _converse_text(reqs[int(rng.integers(len(reqs)))])
+
+
+def _converse_text(req: grammar.Requirement) -> str:
+  flipped = grammar.Requirement(req.objects[::-1], grammar.CONVERSE[req.relation])
+  return f"{grammar.caption_text(req)} means {grammar.caption_text(flipped)}"
+
+
+# ------------------------------------------------------------------------ evaluation
+
+
+@functools.lru_cache(maxsize=64)
+def prompt_set(category: str, split: str, n: int = DEFAULT_SET_SIZE,
+               options: ShapesOptions = DEFAULT_OPTIONS) -> tuple[str, ...]:
+  """n prompts of `category` for generation scoring: the category's distinct prompts in
+  a fixed shuffled order, repeated in that order when there are fewer than n (so each
+  appears n // k or n // k + 1 times); () when the options allow none."""
+  reqs = category_requirements(category, split, options)
+  if not reqs:
+    return ()
+  order = shapes_scene.rng_for("eval/prompts", category, split).permutation(len(reqs))
+  return tuple(grammar.caption_text(reqs[order[i % len(reqs)]]) for i in range(n))
+
+
+def _prefer_heldout(qas, scene: Scene, options: ShapesOptions):
+  """The questions about a held-out object, or all of them when none is."""
+  about = [q for q in qas if any(options.is_heldout(scene.objects[i].kind)
+                                 for i in q.objects)]
+  return about or list(qas)
+
+
+def _vqa_item(qtype: str, split: str, index: int, options: ShapesOptions
+              ) -> tuple[Scene, grammar.QA]:
+  rng = shapes_scene.rng_for("eval/vqa", qtype, split, index)
+  for _ in range(_MAX_DRAWS):
+    scene = _scene(rng, _draw_kind(rng), options, split)
+    qas = [q for q in grammar.questions(scene, options.colors) if q.qtype == qtype]
+    if split == "heldout":
+      qas = _prefer_heldout(qas, scene, options)
+    if qas:
+      return scene, qas[int(rng.integers(len(qas)))]
+  raise ValueError(f"no {qtype!r} question for {options}")
+
+
+@functools.lru_cache(maxsize=64)
+def vqa_set(qtype: str, split: str, n: int = DEFAULT_SET_SIZE,
+            options: ShapesOptions = DEFAULT_OPTIONS
+            ) -> tuple[tuple[Scene, grammar.QA], ...]:
+  """n fixed (scene, question) items of question type `qtype` (see grammar.QTYPES)."""
+  if qtype not in grammar.QTYPES:
+    raise ValueError(f"unknown question type {qtype!r}: use one of {grammar.QTYPES}")
+  _check_split(split)
+  return tuple(_vqa_item(qtype, split, i, options) for i in range(n))
+
+
+def caption_set(split: str, n: int = DEFAULT_SET_SIZE,
+                options: ShapesOptions = DEFAULT_OPTIONS) -> tuple[Scene, ...]:
+  """n fixed captionable scenes for image -> caption (the scenes of vqa_set("describe"));
+  score with grammar.captions(scene)."""
+  return tuple(scene for scene, _ in vqa_set("describe", split, n, options))
+
+
+@functools.lru_cache(maxsize=16)
+def think_draw_set(split: str, n: int = DEFAULT_SET_SIZE,
+                   options: ShapesOptions = DEFAULT_OPTIONS) -> tuple[ThinkDraw, ...]:
+  """n fixed think-then-draw items; held-out ones have a held-out answer (e.g. "draw a
+  circle in the color of the square:" over a yellow square)."""
+  heldout = _check_split(split)
+  return tuple(_think_draw(shapes_scene.rng_for("eval/think_draw", split, i), options, split,
+                           heldout) for i in range(n))
+
+
+# ---------------------------------------------------------------------------- tokens
+
+
+def max_text_tokens(options: ShapesOptions = DEFAULT_OPTIONS) -> dict[str, int]:
+  """Longest byte-token count (no BOS/EOS) of each kind of text the grammar writes, over
+  every colour, shape, number and relation of `options` (for choosing seq_len):
+  caption, question, answer (a caption answers "Describe this image."), draw_prompt,
+  draw_answer and text (`text_example`)."""
+  reqs = grammar.all_requirements(options.all_types, options.max_objects)
+  captions = [grammar.caption_text(r) for r in reqs]
+  c, s = options.colors, options.shapes
+  questions = [grammar.COUNT_QUESTION, grammar.DESCRIBE_QUESTION]
+  questions += [f"How many {x} objects are there?" for x in c]
+  questions += [f"What color is the {x}?" for x in s]
+  questions += [f"What shape is the {x} object?" for x in c]
+  questions += [f"Is the {a} {b} {rel} the {a} {b}?" for a, b in options.all_types
+                for rel in grammar.RELATIONS]
+  answers = [*c, *s, "yes", "no", *map(str, range(options.max_objects + 1)), *captions]
+  draws = [f"draw the shape that is {x}:" for x in c]
+  draws += [f"draw {w} of the shape that is {x}:" for n, w in grammar.NUMBER_WORDS.items()
+            if n <= options.max_objects for x in c]
+  draws += [f"draw a {a} in the color of the {b}:" for a in s for b in s if a != b]
+  texts = {"caption": captions, "question": questions, "answer": answers,
+           "draw_prompt": draws, "draw_answer": [grammar.caption_text(r) for r in reqs
+                                                  if len(r.objects) == 1],
+           "text": [_converse_text(r) for r in reqs if r.relation] or [""]}
+  return {k: max(len(_TOKENIZER.encode(t)) for t in v) for k, v in texts.items()}
