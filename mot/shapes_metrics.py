@@ -66,7 +66,7 @@ def geneval_scores_from_scenes(prompts: Sequence[str], scenes: Sequence[Scene],
                      "per image")
   hits = {split: {c: [] for c in grammar.CATEGORIES} for split in SPLITS}
   unscorable = 0
-  for prompt, scene in zip(prompts, scenes):
+  for prompt, scene in zip(prompts, scenes, strict=True):
     req = grammar.parse_caption(prompt)
     if req is None:
       unscorable += 1

@@ -10,8 +10,8 @@ what each task sees:
   appears in any training scene, caption, question, answer or drawn image.
 - Evaluation sets are fixed (independent of the training seed): `prompt_set` (GenEval-style
   prompts per category), `vqa_set` (per question type), `caption_set`, `think_draw_set`,
-  each "in_distribution" or "heldout" (every held-out item contains a held-out pair; where
-  a question can, it is about that object). Item i of a set does not depend on n, so a
+  each "in_distribution" or "heldout" (every held-out item contains a held-out pair, and
+  a held-out question is about such an object). Item i of a set does not depend on n, so a
   smaller set is a prefix of a larger one.
 - Scenes are split by a hash of their key: `is_eval_scene` reserves 1/EVAL_SHARDS of all
   scenes for evaluation, and training never draws one, so no evaluation image is ever
@@ -87,9 +87,11 @@ def _scene(rng: np.random.Generator, kind: str, options: ShapesOptions,
   raise ValueError(f"no {split or 'training'} scene of kind {kind!r} for {options}")
 
 
-def _scene_for(req: grammar.Requirement, rng: np.random.Generator, options: ShapesOptions,
-               split: str | None) -> Scene:
-  """A scene that `req` captions (relation included), on the side of `split`."""
+def scene_for(req: grammar.Requirement, rng: np.random.Generator,
+              options: ShapesOptions = DEFAULT_OPTIONS, split: str | None = None) -> Scene:
+  """A random scene that `req` captions (relation included), drawn from `rng`: a training
+  scene (split None) or an evaluation one ("in_distribution", "heldout"), e.g. a
+  reference image for a prompt."""
   for _ in range(_MAX_DRAWS):
     scene = shapes_scene.place(req.kinds, rng, options)
     on_side = split == "heldout" or is_eval_scene(scene) == (split == "in_distribution")
@@ -135,7 +137,7 @@ def _caption_and_scene(rng: np.random.Generator, options: ShapesOptions
   categories = [c for c in grammar.CATEGORIES if category_requirements(c, None, options)]
   reqs = category_requirements(categories[int(rng.integers(len(categories)))], None, options)
   req = reqs[int(rng.integers(len(reqs)))]
-  return grammar.caption_text(req), _scene_for(req, rng, options, None)
+  return grammar.caption_text(req), scene_for(req, rng, options, None)
 
 
 def generation_example(seed: int, index: int, options: ShapesOptions = DEFAULT_OPTIONS
@@ -179,7 +181,7 @@ def _think_draw(rng: np.random.Generator, options: ShapesOptions, split: str | N
                      d.requirement.objects)]
     if draws:
       d = draws[int(rng.integers(len(draws)))]
-      return ThinkDraw(context, d.prompt, d.answer, _scene_for(d.requirement, rng, options,
+      return ThinkDraw(context, d.prompt, d.answer, scene_for(d.requirement, rng, options,
                                                                split))
   raise ValueError(f"no think-then-draw prompt for {options}")
 
@@ -222,11 +224,9 @@ def prompt_set(category: str, split: str, n: int = DEFAULT_SET_SIZE,
   return tuple(grammar.caption_text(reqs[order[i % len(reqs)]]) for i in range(n))
 
 
-def _prefer_heldout(qas, scene: Scene, options: ShapesOptions):
-  """The questions about a held-out object, or all of them when none is."""
-  about = [q for q in qas if any(options.is_heldout(scene.objects[i].kind)
-                                 for i in q.objects)]
-  return about or list(qas)
+def _about_heldout(qas, scene: Scene, options: ShapesOptions):
+  """The questions about (at least) one held-out object of `scene`."""
+  return [q for q in qas if any(options.is_heldout(scene.objects[i].kind) for i in q.objects)]
 
 
 def _vqa_item(qtype: str, split: str, index: int, options: ShapesOptions
@@ -236,7 +236,7 @@ def _vqa_item(qtype: str, split: str, index: int, options: ShapesOptions
     scene = _scene(rng, _draw_kind(rng), options, split)
     qas = [q for q in grammar.questions(scene, options.colors) if q.qtype == qtype]
     if split == "heldout":
-      qas = _prefer_heldout(qas, scene, options)
+      qas = _about_heldout(qas, scene, options)
     if qas:
       return scene, qas[int(rng.integers(len(qas)))]
   raise ValueError(f"no {qtype!r} question for {options}")

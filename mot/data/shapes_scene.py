@@ -133,7 +133,7 @@ DEFAULT_OPTIONS = ShapesOptions()
 # ---------------------------------------------------------------------------- raster
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def shape_mask(shape: str, s: int) -> np.ndarray:
   """bool [s, s], read-only: the pixels of `shape` in an s x s box (row r, column c).
 
@@ -288,7 +288,7 @@ def layout(sizes: Sequence[int], rng: np.random.Generator, image_size: int
       top, left = divmod(int(rng.choice(free)), image_size - s + 1)
       placed.append((top, left, s))
     else:
-      return [(t, l) for t, l, _ in placed]
+      return [(top, left) for top, left, _ in placed]
   raise ValueError(f"cannot place boxes of sides {list(sizes)} on a {image_size}x"
                    f"{image_size} image {GAP} px apart")
 
@@ -298,8 +298,8 @@ def place(kinds: Sequence[tuple[str, str]], rng: np.random.Generator,
   """A scene of one object per (colour, shape) in `kinds`, random sizes and positions."""
   sizes = [int(s) for s in rng.integers(options.min_size, options.max_size + 1, len(kinds))]
   corners = layout(sizes, rng, options.image_size)
-  return Scene(tuple(SceneObject(t, l, s, s, c, sh)
-                     for (t, l), s, (c, sh) in zip(corners, sizes, kinds)),
+  return Scene(tuple(SceneObject(top, left, s, s, c, sh)
+                     for (top, left), s, (c, sh) in zip(corners, sizes, kinds, strict=True)),
                options.image_size)
 
 
