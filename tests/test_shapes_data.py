@@ -1,4 +1,5 @@
 """Tests for the Shapes scene contract, grammar, training streams and evaluation sets."""
+import collections
 import itertools
 
 import numpy as np
@@ -138,6 +139,26 @@ def test_evaluation_sets_are_fixed_split_and_held_out():
       assert grammar.answer_draw(td.prompt, td.context).answer == td.answer
       assert td.answer in grammar.captions(td.scene)
     assert all(grammar.captions(s) for s in shapes.caption_set(split, 16))
+
+
+def test_vqa_answers_are_balanced():
+  for qtype in ("count", "count_color", "color", "shape", "relation"):
+    for split in shapes.SPLITS:
+      space = shapes.answer_space(qtype, heldout=split == "heldout")
+      answers = [qa.answer for _, qa in shapes.vqa_set(qtype, split, 2 * len(space))]
+      assert sorted(answers) == sorted(space * 2), (qtype, split)
+  assert shapes.answer_space("count_color", heldout=True) == ("1", "2", "3", "4")
+  assert shapes.answer_space("color", heldout=True) == ("blue", "yellow", "magenta")
+  assert shapes.answer_space("describe") is None
+  counts = collections.Counter(shapes.vqa_example(0, i, qtype="count_color")[1].answer
+                               for i in range(200))
+  assert set(counts) == {"0", "1", "2", "3", "4"} and max(counts.values()) < 70
+  qtypes = collections.Counter(shapes.vqa_example(1, i)[1].qtype for i in range(300))
+  assert set(qtypes) == set(grammar.QTYPES) and min(qtypes.values()) > 25
+  one = shapes_scene.validate_options(max_objects=1)
+  assert "relation" not in shapes.available_qtypes(one)
+  assert {shapes.vqa_example(0, i, one)[1].qtype for i in range(30)} <= set(
+      shapes.available_qtypes(one))
 
 
 def test_prompt_sets_cover_each_category_and_split():

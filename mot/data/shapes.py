@@ -71,8 +71,12 @@ def _check_split(split: str) -> bool:
   return split == "heldout"
 
 
+_KIND_CDF = np.cumsum(list(KIND_WEIGHTS.values()))
+
+
 def _draw_kind(rng: np.random.Generator) -> str:
-  return str(rng.choice(list(KIND_WEIGHTS), p=list(KIND_WEIGHTS.values())))
+  return tuple(KIND_WEIGHTS)[int(np.searchsorted(_KIND_CDF, rng.random() * _KIND_CDF[-1],
+                                                 side="right"))]
 
 
 def _scene(rng: np.random.Generator, kind: str, options: ShapesOptions,
@@ -155,20 +159,63 @@ def caption_example(seed: int, index: int, options: ShapesOptions = DEFAULT_OPTI
   return scene, grammar.caption(scene)
 
 
-def _pick_question(qas, rng: np.random.Generator) -> grammar.QA:
-  """A question type uniformly among those defined, then a question of it uniformly."""
-  qtypes = sorted({q.qtype for q in qas}, key=grammar.QTYPES.index)
-  qtype = qtypes[int(rng.integers(len(qtypes)))]
-  of_type = [q for q in qas if q.qtype == qtype]
-  return of_type[int(rng.integers(len(of_type)))]
+def answer_space(qtype: str, options: ShapesOptions = DEFAULT_OPTIONS,
+                 heldout: bool = False) -> tuple[str, ...] | None:
+  """The answers a question of `qtype` can have (held-out: about a held-out object), over
+  which training and evaluation draw uniformly; None for "describe" (a caption)."""
+  types = options.heldout_types if heldout else options.training_types
+  spaces = {
+      "count": [str(n) for n in range(1, options.max_objects + 1)],
+      "count_color": [str(n) for n in range(int(heldout), options.max_objects + 1)],
+      "color": sorted({c for c, _ in types}, key=shapes_scene.COLORS.index),
+      "shape": sorted({s for _, s in types}, key=shapes_scene.SHAPES.index),
+      "relation": ["yes", "no"],
+      "describe": None,
+  }
+  if qtype not in spaces:
+    raise ValueError(f"unknown question type {qtype!r}: use one of {grammar.QTYPES}")
+  return None if spaces[qtype] is None else tuple(spaces[qtype])
 
 
-def vqa_example(seed: int, index: int, options: ShapesOptions = DEFAULT_OPTIONS
-                ) -> tuple[Scene, grammar.QA]:
-  """(scene, question) for image -> answer, question types equally likely."""
+def _question(rng: np.random.Generator, qtype: str, options: ShapesOptions,
+              split: str | None, target: str | None) -> tuple[Scene, grammar.QA]:
+  """A scene with a question of `qtype` (held-out: about a held-out object) answered
+  `target` (None: any answer)."""
+  heldout = split == "heldout"
+  for _ in range(_MAX_DRAWS):
+    scene = _scene(rng, _draw_kind(rng), options, split)
+    qas = [q for q in grammar.questions(scene, options.colors, (qtype,))
+           if target in (None, q.answer)]
+    if heldout:
+      qas = _about_heldout(qas, scene, options)
+    if qas:
+      return scene, qas[int(rng.integers(len(qas)))]
+  raise ValueError(f"no {qtype!r} question answered {target!r} for {options}")
+
+
+def available_qtypes(options: ShapesOptions = DEFAULT_OPTIONS) -> tuple[str, ...]:
+  """The question types the options can ask (relations need two objects)."""
+  return tuple(q for q in grammar.QTYPES if q != "relation" or options.max_objects > 1)
+
+
+def _about_heldout(qas, scene: Scene, options: ShapesOptions):
+  """The questions about (at least) one held-out object of `scene`."""
+  return [q for q in qas if any(options.is_heldout(scene.objects[i].kind) for i in q.objects)]
+
+
+def vqa_example(seed: int, index: int, options: ShapesOptions = DEFAULT_OPTIONS,
+                qtype: str | None = None) -> tuple[Scene, grammar.QA]:
+  """(scene, question) for image -> answer: of `qtype`, or (None) of a type drawn
+  uniformly from `available_qtypes`. The answer is drawn uniformly from `answer_space`
+  first (as CLEVR balances answers), so that no answer ("0" to a colour count, "2" to a
+  count) wins by frequency alone."""
   rng = shapes_scene.rng_for("train/vqa", seed, index)
-  scene = _scene(rng, _draw_kind(rng), options, None)
-  return scene, _pick_question(grammar.questions(scene, options.colors), rng)
+  if qtype is None:
+    qtypes = available_qtypes(options)
+    qtype = qtypes[int(rng.integers(len(qtypes)))]
+  space = answer_space(qtype, options)
+  target = None if space is None else space[int(rng.integers(len(space)))]
+  return _question(rng, qtype, options, None, target)
 
 
 def _think_draw(rng: np.random.Generator, options: ShapesOptions, split: str | None,
@@ -224,33 +271,19 @@ def prompt_set(category: str, split: str, n: int = DEFAULT_SET_SIZE,
   return tuple(grammar.caption_text(reqs[order[i % len(reqs)]]) for i in range(n))
 
 
-def _about_heldout(qas, scene: Scene, options: ShapesOptions):
-  """The questions about (at least) one held-out object of `scene`."""
-  return [q for q in qas if any(options.is_heldout(scene.objects[i].kind) for i in q.objects)]
-
-
-def _vqa_item(qtype: str, split: str, index: int, options: ShapesOptions
-              ) -> tuple[Scene, grammar.QA]:
-  rng = shapes_scene.rng_for("eval/vqa", qtype, split, index)
-  for _ in range(_MAX_DRAWS):
-    scene = _scene(rng, _draw_kind(rng), options, split)
-    qas = [q for q in grammar.questions(scene, options.colors) if q.qtype == qtype]
-    if split == "heldout":
-      qas = _about_heldout(qas, scene, options)
-    if qas:
-      return scene, qas[int(rng.integers(len(qas)))]
-  raise ValueError(f"no {qtype!r} question for {options}")
-
-
 @functools.lru_cache(maxsize=64)
 def vqa_set(qtype: str, split: str, n: int = DEFAULT_SET_SIZE,
             options: ShapesOptions = DEFAULT_OPTIONS
             ) -> tuple[tuple[Scene, grammar.QA], ...]:
-  """n fixed (scene, question) items of question type `qtype` (see grammar.QTYPES)."""
+  """n fixed (scene, question) items of question type `qtype` (see grammar.QTYPES), item
+  i answered answer_space(qtype)[i % k], so every answer is equally common (+-1)."""
   if qtype not in grammar.QTYPES:
     raise ValueError(f"unknown question type {qtype!r}: use one of {grammar.QTYPES}")
   _check_split(split)
-  return tuple(_vqa_item(qtype, split, i, options) for i in range(n))
+  space = answer_space(qtype, options, split == "heldout")
+  return tuple(_question(shapes_scene.rng_for("eval/vqa", qtype, split, i), qtype, options,
+                         split, None if space is None else space[i % len(space)])
+               for i in range(n))
 
 
 def caption_set(split: str, n: int = DEFAULT_SET_SIZE,

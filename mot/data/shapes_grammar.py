@@ -287,22 +287,25 @@ def answer_question(question: str, scene: Scene) -> QA | None:
   return _qa(qtype, question, texts[0], range(len(objs)), texts) if texts else None
 
 
-def question_texts(scene: Scene, colors=shapes_scene.COLORS) -> list[str]:
-  """Candidate questions about `scene`: every template instance that can be defined for
-  it (relations only between types present), colour counts over `colors`."""
-  out = [COUNT_QUESTION]
-  out += [f"How many {c} objects are there?" for c in colors]
-  out += [f"What color is the {s}?" for s in shapes_scene.SHAPES]
-  out += [f"What shape is the {c} object?" for c in shapes_scene.COLORS]
-  present = sorted({o.kind for o in scene.objects if o.shape != UNKNOWN_SHAPE})
-  for (ca, sa), (cb, sb) in itertools.permutations(present, 2):
-    out += [f"Is the {ca} {sa} {rel} the {cb} {sb}?" for rel in RELATIONS]
-  return out + [DESCRIBE_QUESTION]
+def question_texts(scene: Scene, colors=shapes_scene.COLORS, qtypes=QTYPES) -> list[str]:
+  """Candidate questions of `qtypes` about `scene`: every template instance that can be
+  defined for it (relations only between types present), colour counts over `colors`."""
+  out = {q: [] for q in QTYPES}
+  out["count"] = [COUNT_QUESTION]
+  out["count_color"] = [f"How many {c} objects are there?" for c in colors]
+  out["color"] = [f"What color is the {s}?" for s in shapes_scene.SHAPES]
+  out["shape"] = [f"What shape is the {c} object?" for c in shapes_scene.COLORS]
+  if "relation" in qtypes:
+    present = sorted({o.kind for o in scene.objects if o.shape != UNKNOWN_SHAPE})
+    for (ca, sa), (cb, sb) in itertools.permutations(present, 2):
+      out["relation"] += [f"Is the {ca} {sa} {rel} the {cb} {sb}?" for rel in RELATIONS]
+  out["describe"] = [DESCRIBE_QUESTION]
+  return [text for q in qtypes for text in out[q]]
 
 
-def questions(scene: Scene, colors=shapes_scene.COLORS) -> tuple[QA, ...]:
-  """Every well-defined question about `scene` with its answer (see module doc)."""
-  answers = (answer_question(q, scene) for q in question_texts(scene, colors))
+def questions(scene: Scene, colors=shapes_scene.COLORS, qtypes=QTYPES) -> tuple[QA, ...]:
+  """Every well-defined question of `qtypes` about `scene` with its answer."""
+  answers = (answer_question(q, scene) for q in question_texts(scene, colors, qtypes))
   return tuple(a for a in answers if a is not None)
 
 

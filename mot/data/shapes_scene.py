@@ -285,7 +285,7 @@ def layout(sizes: Sequence[int], rng: np.random.Generator, image_size: int
       free = np.flatnonzero(_free_positions(s, placed, image_size))
       if not free.size:
         break
-      top, left = divmod(int(rng.choice(free)), image_size - s + 1)
+      top, left = divmod(int(free[rng.integers(free.size)]), image_size - s + 1)
       placed.append((top, left, s))
     else:
       return [(top, left) for top, left, _ in placed]
