@@ -13,14 +13,13 @@
    (`shape_mask`), mean absolute difference; the nearest shape wins if that difference is
    <= PROFILE_TOLERANCE and the fill ratio (pixels / (h * w)) is within FILL_TOLERANCE of
    that shape's; otherwise, or when the box is far from square (ratio > MAX_ASPECT), the
-   object's shape is "unknown". A few wrong pixels move both numbers little.
+   object's shape is UNKNOWN_SHAPE ("unknown"). A few wrong pixels move both numbers little.
 On a rendered scene every object comes back exactly (colour, shape, box, so centre).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from mot.data import shapes_grammar
 from mot.data import shapes_scene
 from mot.data.shapes_scene import Scene
 from mot.data.shapes_scene import SceneObject
@@ -82,10 +81,10 @@ def shape_of(mask: np.ndarray) -> str:
   tight bounding box) by row-width profile and fill ratio, or "unknown"."""
   h, w = mask.shape
   if min(h, w) < shapes_scene.MIN_SIDE or max(h, w) > MAX_ASPECT * min(h, w):
-    return shapes_grammar.UNKNOWN_SHAPE
+    return shapes_scene.UNKNOWN_SHAPE
   profile = mask.sum(1) / w
   fill = mask.mean()
-  best, best_gap = shapes_grammar.UNKNOWN_SHAPE, np.inf
+  best, best_gap = shapes_scene.UNKNOWN_SHAPE, np.inf
   for shape in shapes_scene.SHAPES:
     ideal = shapes_scene.shape_mask(shape, h)
     gap = np.abs(profile - ideal.sum(1) / h).mean()

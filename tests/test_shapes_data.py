@@ -208,6 +208,7 @@ def test_default_options_validate():
     (dict(colors=["red"], heldout_pairs=[("red", "circle")]),
      r"heldout_pairs=.*no training object of colour 'red'"),
     (dict(colors=[]), r"colors=\[\] must be a non-empty list"),
+    (dict(heldout_pairs=None), r"heldout_pairs=None must be a list of \(colour, shape\) pairs"),
     (dict(colors=["red", "red"]), r"repeats a colour"),
 ])
 def test_bad_options_raise_one_line(fields, pattern):

@@ -57,7 +57,7 @@ CATEGORIES = ("single_object", "two_object", "counting", "color_attr", "position
 QTYPES = ("count", "count_color", "color", "shape", "relation", "describe")
 COUNT_QUESTION = "How many objects are there?"
 DESCRIBE_QUESTION = "Describe this image."
-UNKNOWN_SHAPE = "unknown"  # what the detector calls a blob that fits no shape
+UNKNOWN_SHAPE = shapes_scene.UNKNOWN_SHAPE
 
 _C = "(" + "|".join(shapes_scene.COLORS) + ")"
 _S = "(" + "|".join(shapes_scene.SHAPES) + ")"

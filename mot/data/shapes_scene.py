@@ -41,6 +41,7 @@ PALETTE = {
 }
 COLORS = tuple(PALETTE)
 SHAPES = ("square", "circle", "triangle")
+UNKNOWN_SHAPE = "unknown"  # the detector's name for a blob that fits no shape
 HELDOUT_PAIRS = (("blue", "triangle"), ("yellow", "circle"), ("magenta", "square"))
 GAP = 2             # background pixels between two boxes on at least one axis
 MAX_OBJECTS = 4     # the grammar's number words stop at "four"
@@ -56,7 +57,7 @@ class SceneObject:
   """One object: its box (top row, left column, height, width), colour and shape.
 
   Rendered objects have height == width == s; detected ones may not. `shape` is one of
-  SHAPES, or "unknown" for a detected blob that fits no shape.
+  SHAPES, or UNKNOWN_SHAPE for a detected blob that fits no shape.
   """
   top: int
   left: int
@@ -230,6 +231,9 @@ def validate_options(image_size=32, min_size=7, max_size=11, max_objects=MAX_OBJ
                     f"{p}max_objects=1")
   colors = _names(p + "colors", colors, COLORS, "colour")
   shapes = _names(p + "shapes", shapes, SHAPES, "shape")
+  if isinstance(heldout_pairs, str) or not isinstance(heldout_pairs, Sequence):
+    raise _one_line(p + "heldout_pairs", heldout_pairs,
+                    "must be a list of (colour, shape) pairs, e.g. [('blue', 'triangle')]")
   pairs = []
   for pair in heldout_pairs:
     if isinstance(pair, str) or len(pair) != 2 or pair[0] not in colors or (
@@ -263,7 +267,7 @@ def rng_for(*key: int | str) -> np.random.Generator:
   return np.random.default_rng(np.random.SeedSequence(ints))
 
 
-def _free_positions(s: int, placed: Sequence[tuple[int, int, int]], n: int) -> np.ndarray:
+def free_positions(s: int, placed: Sequence[tuple[int, int, int]], n: int) -> np.ndarray:
   """bool [n-s+1, n-s+1]: top-left corners where an s-box keeps GAP from every box placed."""
   pos = np.arange(n - s + 1)
   free = np.ones((pos.size, pos.size), bool)
@@ -282,7 +286,7 @@ def layout(sizes: Sequence[int], rng: np.random.Generator, image_size: int
   for _ in range(_MAX_LAYOUT_TRIES):
     placed = []
     for s in sizes:
-      free = np.flatnonzero(_free_positions(s, placed, image_size))
+      free = np.flatnonzero(free_positions(s, placed, image_size))
       if not free.size:
         break
       top, left = divmod(int(free[rng.integers(free.size)]), image_size - s + 1)
