@@ -4,6 +4,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from bench import shapes_figures
 from mot import shapes_detector
 from mot import shapes_metrics
 from mot.data import shapes
@@ -197,3 +198,18 @@ def test_think_draw_scores_use_the_true_answer():
   scores = shapes_metrics.think_draw_scores([(td[0].answer, images[0], td[0].answer),
                                              ("a red square", images[1], td[1].answer)])
   assert scores == {"answer": 0.5, "image": 1.0, "both": 0.5, "num": 2}
+
+
+# ----------------------------------------------------------------------- figures
+
+
+def test_bench_figures_count_scenes_and_read_perturbed_images():
+  assert shapes_figures.detector_figures(12, 0)["perturbed"] == 12
+  options = shapes_scene.validate_options(image_size=16, min_size=5, max_size=6,
+                                          colors=["red", "blue"], heldout_pairs=[])
+  counts = shapes_figures.scene_counts(options, trials=1000)
+  boxes = [(t, c, s) for s in (5, 6) for t in range(17 - s) for c in range(17 - s)]
+  apart = sum(not (b[0] < a[0] + a[2] + 2 and a[0] < b[0] + b[2] + 2
+                   and b[1] < a[1] + a[2] + 2 and a[1] < b[1] + b[2] + 2)
+              for a in boxes for b in boxes)
+  assert counts["1"] == 6 * len(boxes) and counts["2"] == 36 * apart // 2
