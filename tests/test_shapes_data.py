@@ -321,7 +321,7 @@ def test_think_then_draw():
 
 def test_texts_fit_the_byte_tokenizer():
   lengths = shapes.max_text_tokens()
-  assert lengths == {"caption": 45, "question": 54, "answer": 45, "draw_prompt": 43,
+  assert lengths == {"caption": 45, "question": 53, "answer": 45, "draw_prompt": 43,
                      "draw_answer": 23, "text": 96}
   t = tok.Tokenizer()
   for req in grammar.all_requirements(OPTIONS.all_types):

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 import dataclasses
 import functools
+import itertools
 import zlib
 
 import numpy as np
@@ -46,6 +47,7 @@ DEFAULT_SET_SIZE = 64  # items per evaluation set unless the caller asks otherwi
 # scenes make the counts and uniqueness questions varied, the others keep every
 # question type (describe needs a captionable scene) well supplied.
 KIND_WEIGHTS = {"single": 0.15, "count": 0.2, "pair": 0.25, "mixed": 0.4}
+_KIND_CDF = np.cumsum(list(KIND_WEIGHTS.values()))
 _MAX_DRAWS = 1000      # rejection-sampling bound; hitting it means impossible options
 _TOKENIZER = tokenizer_lib.Tokenizer()
 
@@ -69,9 +71,6 @@ def _check_split(split: str) -> bool:
   if split not in SPLITS:
     raise ValueError(f"unknown split {split!r}: use one of {SPLITS}")
   return split == "heldout"
-
-
-_KIND_CDF = np.cumsum(list(KIND_WEIGHTS.values()))
 
 
 def _draw_kind(rng: np.random.Generator) -> str:
@@ -218,8 +217,11 @@ def vqa_example(seed: int, index: int, options: ShapesOptions = DEFAULT_OPTIONS,
   return _question(rng, qtype, options, None, target)
 
 
-def _think_draw(rng: np.random.Generator, options: ShapesOptions, split: str | None,
-                heldout: bool) -> ThinkDraw:
+def _think_draw(rng: np.random.Generator, options: ShapesOptions, split: str | None
+                ) -> ThinkDraw:
+  """A context scene and a prompt about it whose answer is (held-out split) or is not
+  (otherwise) a held-out pair, and a scene drawn to the answer."""
+  heldout = split == "heldout"
   for _ in range(_MAX_DRAWS):
     context = _scene(rng, _draw_kind(rng), options, split)
     draws = [d for d in grammar.draw_prompts(context, options.max_objects)
@@ -236,8 +238,7 @@ def _think_draw(rng: np.random.Generator, options: ShapesOptions, split: str | N
 def think_draw_example(seed: int, index: int, options: ShapesOptions = DEFAULT_OPTIONS
                        ) -> ThinkDraw:
   """Context scene -> `draw ...:` prompt -> answer caption (AR) -> drawn scene (DM)."""
-  return _think_draw(shapes_scene.rng_for("train/think_draw", seed, index), options, None,
-                     False)
+  return _think_draw(shapes_scene.rng_for("train/think_draw", seed, index), options, None)
 
 
 def text_example(seed: int, index: int, options: ShapesOptions = DEFAULT_OPTIONS) -> str:
@@ -298,9 +299,9 @@ def think_draw_set(split: str, n: int = DEFAULT_SET_SIZE,
                    options: ShapesOptions = DEFAULT_OPTIONS) -> tuple[ThinkDraw, ...]:
   """n fixed think-then-draw items; held-out ones have a held-out answer (e.g. "draw a
   circle in the color of the square:" over a yellow square)."""
-  heldout = _check_split(split)
-  return tuple(_think_draw(shapes_scene.rng_for("eval/think_draw", split, i), options, split,
-                           heldout) for i in range(n))
+  _check_split(split)
+  return tuple(_think_draw(shapes_scene.rng_for("eval/think_draw", split, i), options, split)
+               for i in range(n))
 
 
 # ---------------------------------------------------------------------------- tokens
@@ -318,8 +319,8 @@ def max_text_tokens(options: ShapesOptions = DEFAULT_OPTIONS) -> dict[str, int]:
   questions += [f"How many {x} objects are there?" for x in c]
   questions += [f"What color is the {x}?" for x in s]
   questions += [f"What shape is the {x} object?" for x in c]
-  questions += [f"Is the {a} {b} {rel} the {a} {b}?" for a, b in options.all_types
-                for rel in grammar.RELATIONS]
+  questions += [f"Is the {a} {b} {rel} the {x} {y}?" for (a, b), (x, y) in
+                itertools.permutations(options.all_types, 2) for rel in grammar.RELATIONS]
   answers = [*c, *s, "yes", "no", *map(str, range(options.max_objects + 1)), *captions]
   draws = [f"draw the shape that is {x}:" for x in c]
   draws += [f"draw {w} of the shape that is {x}:" for n, w in grammar.NUMBER_WORDS.items()
