@@ -87,6 +87,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.data = ml_collections.ConfigDict()
   c.data.dataset = "digits"          # scikit-learn's bundled digits (1500 train / 297 held out)
   c.data.image_size = IMAGE          # side of the bundled digits (fixed at 8)
+  c.data.channels = 1                # grayscale (3: RGB)
   c.data.seq_len = 44                # row length in tokens: the longest example (44)
   c.data.examples_per_row = 1        # examples per row: one, so no attention is spent on
                                      # scores between examples that the mask throws away

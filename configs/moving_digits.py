@@ -50,6 +50,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.data.dataset = "moving_digits"   # clips of the bundled digits, drawn per example
   c.data.num_frames = FRAMES         # frames per clip (a digit moves 1 px a frame)
   c.data.canvas_size = CANVAS        # frame side in pixels; background -1
+  c.data.channels = 1                # grayscale frames
   c.data.video_layout = "frames"     # generated frames: one block a frame, teacher forced,
                                      # drawn frame by frame ("clip": all in one block; see
                                      # mot/data/moving_digits.py and the README)

@@ -218,9 +218,11 @@ def validate(config: Any) -> ModelConfig:
          f"config.model.vocab_size={model.vocab_size} is smaller than the tokenizer's "
          f"{tokenizer.VOCAB_SIZE} ids: set it to {tokenizer.VOCAB_SIZE}")
   data = field(config, "data")
-  _check(field(data, "patch_size", "config.data") ** 2 == model.modality_patch_dims[1],
+  patch = field(data, "patch_size", "config.data") ** 2 * field(data, "channels", "config.data")
+  _check(patch == model.modality_patch_dims[1],
          f"config.model.modality_patch_dims[1]={model.modality_patch_dims[1]} must equal "
-         f"config.data.patch_size**2 = {data.patch_size ** 2} (an image patch's size)")
+         f"config.data.patch_size**2 * config.data.channels = {patch} (an image patch's "
+         "size)")
   _check(not field(config, "freeze_understanding") or model.experts == "mode",
          "config.freeze_understanding=True needs the understanding expert: set "
          "config.model.experts='mode'")

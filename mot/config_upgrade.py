@@ -25,7 +25,7 @@ _V1_TOP = {"ar_label_smoothing": 0.0, "freeze_understanding": False,
 _V1_SAMPLE = {"steps": 32, "sampler": "euler", "cfg_scale": 1.0, "shift": 1.0,
               "context_length": 0, "reason_shifts": 0}
 _V1_DATA = {"num_threads": 1, "prefetch": 2, "workers": 0, "examples_per_row": 1,
-            "validation_size": 0}
+            "validation_size": 0, "channels": 1}
 _V1_IMAGE_DATA = {"rotate_degrees": 0.0, "scale_jitter": 0.0, "cutout_size": 0,
                   "cutout_prob": 0.5, "elastic_alpha": 0.0, "elastic_sigma": 1.5,
                   "elastic_prob": 0.5, "read_window": 0}

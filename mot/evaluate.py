@@ -77,7 +77,7 @@ def write_sample_files(workdir: str, result: dict[str, Any]) -> np.ndarray:
   if world_model is not None:  # top row the real clips, bottom row the predicted ones
     result["world_model_gif"] = os.path.join(samples, f"world_model_step_{step}.gif")
     _save_grid_gif(result["world_model_gif"], np.concatenate(world_model))
-  if images.ndim == 4:  # clips [N, T, H, W]: one row per digit (its first clip), T columns
+  if result.get("video"):  # clips [N, T, H, W]: one row per digit (its first clip), T columns
     first = images.reshape(10, per_digit, *images.shape[1:])[:, 0]
     grid_image = media.grid(first.reshape(-1, *images.shape[2:]), rows=10)
     result["gif"] = os.path.join(samples, f"clips_step_{step}.gif")

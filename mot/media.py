@@ -58,14 +58,8 @@ def image_paths(items: Sequence[str]) -> list[str]:
   return out
 
 
-def load_image(source: Any, size: int | None) -> np.ndarray:
-  """float32 [size, size] in [0, 1] (1 = ink) from a path or PIL image.
-
-  Any mode is made grayscale (transparency composited onto white), any size resampled
-  (area-averaged when shrinking; `size=None` keeps the file's size). Dark ink on a light
-  background (a bright border, as on paper) is inverted, so ink is always the bright
-  value, as in the digits data.
-  """
+def open_image(source: Any) -> tuple[Image.Image, str]:
+  """(PIL image, name for messages) of a path or PIL image; one-line InputErrors."""
   if isinstance(source, Image.Image):
     img, name = source, "PIL image"
   else:
@@ -81,69 +75,98 @@ def load_image(source: Any, size: int | None) -> np.ndarray:
                        ) from None
   if img.width < 1 or img.height < 1:
     raise InputError(f"{name} is an empty image")
-  if img.mode in ("I", "F") or img.mode.startswith("I;16"):
+  return img, name
+
+
+def _on_white(img: Image.Image) -> Image.Image:
+  """Transparency composited onto white (as a viewer shows the file)."""
+  if "A" not in img.getbands() and "transparency" not in img.info:
+    return img
+  rgba = img.convert("RGBA")
+  return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba)
+
+
+def load_image(source: Any, size: int | None, channels: int = 1) -> np.ndarray:
+  """float32 in [0, 1] from a path or PIL image: [size, size] (channels 1) or
+  [size, size, 3] (channels 3).
+
+  Any size is resampled (area-averaged when shrinking; `size=None` keeps the file's
+  size), transparency composited onto white. channels 1: any mode is made grayscale, and
+  dark ink on a light background (a bright border, as on paper) is inverted, so ink is
+  always the bright value, as in the digits data. channels 3: the RGB values as they are.
+  """
+  img, name = open_image(source)
+  if channels == 3:
+    arr = np.asarray(_on_white(img).convert("RGB"), np.float32) / 255.0
+  elif img.mode in ("I", "F") or img.mode.startswith("I;16"):
     arr = np.asarray(img, np.float32)
     top = arr.max(initial=0.0)
     arr = arr / (1.0 if top <= 1.0 else 255.0 if top <= 255.0 else 65535.0)
   else:
-    if "A" in img.getbands() or "transparency" in img.info:
-      rgba = img.convert("RGBA")
-      white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-      img = Image.alpha_composite(white, rgba)
-    arr = np.asarray(img.convert("L"), np.float32) / 255.0
+    arr = np.asarray(_on_white(img).convert("L"), np.float32) / 255.0
   if not np.all(np.isfinite(arr)):
     raise InputError(f"{name} has non-finite pixel values")
   arr = np.clip(arr, 0.0, 1.0)
-  border = np.concatenate([arr[0], arr[-1], arr[:, 0], arr[:, -1]])
-  if np.median(border) > 0.5:
-    arr = 1.0 - arr
+  if channels == 1:
+    border = np.concatenate([arr[0], arr[-1], arr[:, 0], arr[:, -1]])
+    if np.median(border) > 0.5:
+      arr = 1.0 - arr
   return arr.astype(np.float32) if size is None else resize_unit(arr, size)
 
 
 def resize_unit(arr: np.ndarray, size: int) -> np.ndarray:
-  """float [H, W] in [0, 1] -> float32 [size, size], area-averaged when shrinking."""
-  if arr.shape == (size, size):
+  """float [H, W] or [H, W, C] in [0, 1] -> float32 [size, size(, C)], area-averaged when
+  shrinking, bilinear when growing."""
+  if arr.shape[:2] == (size, size):
     return arr.astype(np.float32)
+  if arr.ndim == 3:
+    return np.stack([resize_unit(arr[..., c], size) for c in range(arr.shape[-1])], -1)
   shrink = arr.shape[0] >= size and arr.shape[1] >= size
   method = Image.Resampling.BOX if shrink else Image.Resampling.BILINEAR
   out = Image.fromarray(arr.astype(np.float32), mode="F").resize((size, size), method)
   return np.clip(np.asarray(out, np.float32), 0.0, 1.0)
 
 
-def to_unit_images(images: Any, size: int) -> tuple[np.ndarray, bool]:
-  """(float32 [N, size, size] in [0, 1], whether a single image was given).
+def to_unit_images(images: Any, size: int, channels: int = 1) -> tuple[np.ndarray, bool]:
+  """(float32 [N, size, size] (channels 1) or [N, size, size, 3] in [0, 1], whether a
+  single image was given).
 
-  Arrays: [H, W] or [N, H, W]; uint8 is read as 0..255, floats with a maximum above 1
-  as the digits scale 0..16, other floats as 0..1. Paths and PIL images go through
-  `load_image`; a list may mix them.
+  Arrays: [H, W] / [N, H, W] (channels 1) or [H, W, 3] / [N, H, W, 3]; uint8 is read as
+  0..255; for channels 1, floats with a maximum above 1 as the digits scale 0..16, other
+  floats as 0..1. Paths and PIL images go through `load_image`; a list may mix them.
   """
   if isinstance(images, (str, os.PathLike, Image.Image)):
-    return load_image(images, size)[None], True
+    return load_image(images, size, channels)[None], True
   if isinstance(images, (list, tuple)):
     if not images:
       raise InputError("images is an empty list")
-    out = [to_unit_images(x, size)[0] for x in images]
-    return np.concatenate(out), False
+    return np.concatenate([to_unit_images(x, size, channels)[0] for x in images]), False
   arr = np.asarray(images)
-  if arr.ndim not in (2, 3) or arr.size == 0:
-    raise InputError(f"images must be an array [H, W] or [N, H, W], got shape {arr.shape}")
-  single = arr.ndim == 2
-  arr = arr[None] if single else arr
-  if arr.dtype == np.uint8:
-    arr = arr.astype(np.float32) / 255.0
-  else:
-    arr = arr.astype(np.float32)
-    if not np.all(np.isfinite(arr)):
-      raise InputError("images hold non-finite values")
-    if arr.min() < 0:
-      raise InputError(f"images must be in [0, 16] (digits) or [0, 1], got a minimum of "
-                       f"{arr.min():g}")
-    if arr.max() > digits.MAX_PIXEL:
-      raise InputError(f"images must be in [0, 16] (digits) or [0, 1], got a maximum of "
-                       f"{arr.max():g}")
-    if arr.max() > 1.0:
-      arr = arr / digits.MAX_PIXEL
+  rank = 2 if channels == 1 else 3
+  if (arr.ndim not in (rank, rank + 1) or arr.size == 0
+      or (channels > 1 and arr.shape[-1] != channels)):
+    shapes = ("[H, W] or [N, H, W]" if channels == 1
+              else f"[H, W, {channels}] or [N, H, W, {channels}]")
+    raise InputError(f"images must be an array {shapes}, got shape {arr.shape}")
+  single = arr.ndim == rank
+  arr = _unit_scale(arr[None] if single else arr, channels)
   return np.stack([resize_unit(x, size) for x in arr]), single
+
+
+def _unit_scale(arr: np.ndarray, channels: int) -> np.ndarray:
+  """uint8 0..255 or float 0..1 (grayscale also the digits' 0..16) -> float32 0..1."""
+  if arr.dtype == np.uint8:
+    return arr.astype(np.float32) / 255.0
+  arr = arr.astype(np.float32)
+  top = digits.MAX_PIXEL if channels == 1 else 1.0
+  scales = "[0, 16] (digits) or [0, 1]" if channels == 1 else "[0, 1] (or uint8 0..255)"
+  if not np.all(np.isfinite(arr)):
+    raise InputError("images hold non-finite values")
+  if arr.min() < 0:
+    raise InputError(f"images must be in {scales}, got a minimum of {arr.min():g}")
+  if arr.max() > top:
+    raise InputError(f"images must be in {scales}, got a maximum of {arr.max():g}")
+  return arr / digits.MAX_PIXEL if arr.max() > 1.0 else arr
 
 
 def to_model_scale(unit: np.ndarray) -> np.ndarray:
@@ -151,10 +174,15 @@ def to_model_scale(unit: np.ndarray) -> np.ndarray:
   return (np.asarray(unit, np.float32) * 2.0 - 1.0).astype(np.float32)
 
 
+def _pil(pixels: np.ndarray) -> Image.Image:
+  """uint8 [H, W] (grayscale) or [H, W, 3] (RGB) as a PIL image."""
+  return Image.fromarray(pixels, mode="L" if pixels.ndim == 2 else "RGB")
+
+
 def save_png(path: str, image01: np.ndarray, scale: int = 1) -> None:
-  """Writes float [H, W] in [0, 1] as 8-bit grayscale (ink bright), upscaled by `scale`."""
-  pixels = np.round(np.clip(image01, 0, 1) * 255).astype(np.uint8)
-  img = Image.fromarray(pixels, mode="L")
+  """Writes float [H, W] (grayscale, ink bright) or [H, W, 3] (RGB) in [0, 1] as an 8-bit
+  PNG, upscaled by `scale`."""
+  img = _pil(np.round(np.clip(image01, 0, 1) * 255).astype(np.uint8))
   if scale > 1:
     img = img.resize((img.width * scale, img.height * scale), Image.Resampling.NEAREST)
   img.save(path)
@@ -162,7 +190,8 @@ def save_png(path: str, image01: np.ndarray, scale: int = 1) -> None:
 
 def save_gif(path: str, frames01: np.ndarray, scale: int = GIF_SCALE,
              duration_ms: int = GIF_FRAME_MS) -> None:
-  """Writes float [T, H, W] in [0, 1] as a looping grayscale GIF, upscaled by `scale`.
+  """Writes float [T, H, W] (or [T, H, W, 3]) in [0, 1] as a looping GIF, upscaled by
+  `scale`.
 
   Pillow merges consecutive identical frames into one frame shown that much longer (a
   digit that stays still); `load_clip` counts such a frame once per `duration_ms`, so
@@ -170,17 +199,18 @@ def save_gif(path: str, frames01: np.ndarray, scale: int = GIF_SCALE,
   """
   pixels = np.round(np.clip(frames01, 0, 1) * 255).astype(np.uint8)
   pixels = np.repeat(np.repeat(pixels, scale, axis=1), scale, axis=2)
-  images = [Image.fromarray(f, mode="L") for f in pixels]
+  images = [_pil(f) for f in pixels]
   images[0].save(path, save_all=True, append_images=images[1:], duration=duration_ms,
                  loop=0)
 
 
-def load_clip(source: str, size: int | None) -> np.ndarray:
-  """float32 [T, size, size] in [0, 1]: the frames of a GIF (or other multi-frame image)
-  or of a folder's image files (sorted by name), each read as `load_image` reads one."""
+def load_clip(source: str, size: int | None, channels: int = 1) -> np.ndarray:
+  """float32 [T, size, size(, 3)] in [0, 1]: the frames of a GIF (or other multi-frame
+  image) or of a folder's image files (sorted by name), each read as `load_image` reads
+  one."""
   name = os.fspath(source)
   if os.path.isdir(name):
-    return np.stack([load_image(p, size) for p in image_paths([name])])
+    return np.stack([load_image(p, size, channels) for p in image_paths([name])])
   if not os.path.isfile(name):
     raise InputError(f"clip {name} does not exist")
   try:
@@ -193,7 +223,7 @@ def load_clip(source: str, size: int | None) -> np.ndarray:
   frames, durations = zip(*read)
   if size is None:
     size = frames[0].height
-  clip = np.stack([load_image(f, size) for f in frames])
+  clip = np.stack([load_image(f, size, channels) for f in frames])
   return np.repeat(clip, frame_repeats(list(durations)), axis=0)
 
 
@@ -215,12 +245,14 @@ def frame_repeats(durations: list) -> list[int]:
 
 
 def grid(images: np.ndarray, rows: int, gap: int = 1, scale: int = 8) -> np.ndarray:
-  """float [rows * cols, H, W] -> one [R, C] mosaic image, cells upscaled by `scale`."""
-  n, h, w = images.shape
+  """float [rows * cols, H, W(, C)] -> one mosaic image [R, C(, C)] on a grey ground,
+  cells upscaled by `scale`."""
+  n, h, w = images.shape[:3]
   cols = math.ceil(n / rows)
   images = np.repeat(np.repeat(images, scale, axis=1), scale, axis=2)
   h, w = h * scale, w * scale
-  out = np.full((rows * (h + gap) + gap, cols * (w + gap) + gap), 0.35, np.float32)
+  out = np.full((rows * (h + gap) + gap, cols * (w + gap) + gap, *images.shape[3:]), 0.35,
+                np.float32)
   for k in range(n):
     r, c = divmod(k, cols)
     out[gap + r * (h + gap):gap + r * (h + gap) + h,

@@ -16,7 +16,8 @@ A moving-digits checkpoint (config.data.dataset="moving_digits") works on clips:
 Prompts use the training layouts (`mot.prompts.PromptBuilder`, built by the same
 `SequenceBuilder` as the data). Images come in as arrays (digits scale [0, 16] or [0, 1]),
 paths or PIL images of any size and colour mode (`mot.media`), and go out in [0, 1]
-(1 = most ink). All heavy work is batched and jitted in `mot.sampling`.
+(1 = most ink): [N, H, W] for a grayscale checkpoint, [N, H, W, 3] for an RGB one
+(config.data.channels). All heavy work is batched and jitted in `mot.sampling`.
 """
 from __future__ import annotations
 
@@ -31,10 +32,10 @@ import numpy as np
 
 from mot import checkpoint as ckpt_lib
 from mot import config as config_lib
-from mot import config_upgrade, media, sampling
+from mot import config_upgrade, media, patches, sampling
 from mot import sample_options as opts
 from mot import tokenizer as tokenizer_lib
-from mot.data import digits, moving_digits, tasks
+from mot.data import moving_digits, tasks
 from mot.errors import CheckpointError, ConfigError, InputError
 from mot.model import MoT
 from mot.prompts import PromptBuilder
@@ -69,11 +70,12 @@ class Pipeline:
     data, sample = config.data, config.sample
     self.is_video = data.dataset == "moving_digits"
     self.patch_size = int(data.patch_size)
+    self.channels = int(data.channels)
     self.image_size = int(data.canvas_size if self.is_video else data.image_size)
     self.num_frames = int(data.num_frames) if self.is_video else None
     self.prompts = PromptBuilder(
         patch_dim=self.model_cfg.patch_dim, patch_size=self.patch_size,
-        image_size=self.image_size,
+        image_size=self.image_size, channels=self.channels,
         read_window=0 if self.is_video else int(data.read_window),
         video_layout=str(data.video_layout) if self.is_video else "clip",
         action_dim=self.model_cfg.modality_patch_dims[3], tokenizer=self.tokenizer)
@@ -131,29 +133,31 @@ class Pipeline:
 
   # -------------------------------------------------------------------------- inputs ----
   def unit_images(self, images: Any) -> tuple[np.ndarray, bool]:
-    """float32 [N, S, S] in [0, 1] at the model's image size, and whether one was given."""
-    return media.to_unit_images(images, self.image_size)
+    """float32 [N, S, S(, C)] in [0, 1] at the model's image size and channels, and
+    whether one image was given."""
+    return media.to_unit_images(images, self.image_size, self.channels)
 
   def clips(self, video: Any) -> np.ndarray:
     """float32 [N, T, S, S] in [0, 1] from frames [T, H, W] / clips [N, T, H, W] (digits
     scale 0..16 or 0..1), or a GIF path / folder of frames (or a list of them)."""
     if isinstance(video, (str, os.PathLike)):
-      return media.load_clip(video, self.image_size)[None]
+      return media.load_clip(video, self.image_size, self.channels)[None]
     if isinstance(video, (list, tuple)) and video and isinstance(video[0], (str, os.PathLike)):
-      clips = [media.load_clip(v, self.image_size) for v in video]
+      clips = [media.load_clip(v, self.image_size, self.channels) for v in video]
       if len({len(c) for c in clips}) != 1:
         raise InputError(f"clips have different frame counts {[len(c) for c in clips]}: "
                          "give clips of one length per call")
       return np.stack(clips)
     arr = np.asarray(video, np.float32)
-    if arr.ndim == 3:
+    rank = len(self.prompts.frame_shape)   # of one frame
+    if arr.ndim == rank + 1:
       arr = arr[None]
-    if arr.ndim != 4 or arr.size == 0:
-      raise InputError(f"video must be frames [T, H, W] or clips [N, T, H, W], got shape "
-                       f"{arr.shape}")
+    if arr.ndim != rank + 2 or arr.size == 0:
+      raise InputError(f"video must be frames [T, H, W{'' if rank == 2 else ', C'}] or "
+                       f"clips [N, T, ...], got shape {arr.shape}")
     n, t = arr.shape[:2]
     frames = self.unit_images(arr.reshape(n * t, *arr.shape[2:]))[0]
-    return frames.reshape(n, t, self.image_size, self.image_size)
+    return frames.reshape(n, t, *self.prompts.frame_shape)
 
   # -------------------------------------------------------------------------- reason ----
   def reason(self, prompt: str | Sequence[str] | None = None, images: Any = None,
@@ -191,7 +195,7 @@ class Pipeline:
     examples = []
     for text, image, clip in rows:
       for dy, dx in views:
-        shifted = None if image is None else tasks.shift_image(image, dy, dx, background=0.0)
+        shifted = None if image is None else shift(image, dy, dx)
         ex = self.prompts.reasoning_prompt(text, shifted, clip)
         self.check_length(len(ex["tokens"]), max_new_tokens, "prompt plus answer")
         examples.append(ex)
@@ -334,8 +338,7 @@ class Pipeline:
                         sampler, seed)
       frames = self.to_images(x0.reshape(rows * num_frames, -1, x0.shape[-1]))
       return frames.reshape(rows, num_frames, *frames.shape[1:])
-    side = self.image_size
-    clips = np.zeros((rows, 0, side, side), np.float32)
+    clips = np.zeros((rows, 0, *self.prompts.frame_shape), np.float32)
     for k in range(num_frames):
       examples = [make_example(r, clips[r]) for r in range(rows)]
       x0 = self.denoise(examples, 1, steps, cfg_scale, sampler, seed, stream=k + 1)
@@ -365,12 +368,13 @@ class Pipeline:
       out.append(x0[:stop - start])
     return np.concatenate(out)
 
-  def to_images(self, patches: np.ndarray) -> np.ndarray:
-    """[N, M, P] model-scale patches -> float32 [N, H, W] in [0, 1]."""
-    side, ps = self.image_size, self.patch_size
-    grid_side = side // ps
-    x = patches[..., :ps * ps].reshape(-1, grid_side, grid_side, ps * ps)
-    return np.clip((digits.unpatchify(x, ps) + 1.0) / 2.0, 0.0, 1.0).astype(np.float32)
+  def to_images(self, tokens: np.ndarray) -> np.ndarray:
+    """[N, M, P] model-scale patches -> float32 [N, H, W] (or [N, H, W, C]) in [0, 1]."""
+    ps, c = self.patch_size, self.channels
+    grid_side = self.image_size // ps
+    x = tokens[..., :ps * ps * c].reshape(-1, grid_side, grid_side, ps * ps * c)
+    images = np.clip((patches.unpatchify(x, ps, c) + 1.0) / 2.0, 0.0, 1.0)
+    return (images[..., 0] if c == 1 else images).astype(np.float32)
 
   # -------------------------------------------------------------------------- both ------
   def think_then_draw(self, prompt: str | Sequence[str], num_samples: int = 1,
@@ -403,6 +407,15 @@ class Pipeline:
                                          seed))
     answers = [self.tokenizer.decode(ids).strip() for ids in answer_ids]
     return (answers[0] if single else answers), images
+
+
+def shift(image: np.ndarray, dy: int, dx: int) -> np.ndarray:
+  """An image [H, W] or [H, W, C] in [0, 1] moved dy rows down and dx columns right, the
+  uncovered pixels 0 (as the training shifts, `mot.data.tasks.shift_image`)."""
+  if image.ndim == 2:
+    return tasks.shift_image(image, dy, dx, background=0.0)
+  return np.moveaxis(tasks.shift_image(np.moveaxis(image, -1, 0), dy, dx, background=0.0),
+                     0, -1)
 
 
 def action_chunks(actions: Any, num_frames: int) -> np.ndarray:

@@ -4,7 +4,7 @@
 `PromptBuilder` holds what a layout depends on (patch size and width, image side, the
 reading window, the video layout) and builds every example with the `SequenceBuilder` the
 data pipeline uses, so positions, block ids and conditioning marks match training exactly.
-Images come in as float [H, W] in [0, 1] (`mot.media`).
+Images come in as float [H, W] (grayscale) or [H, W, C] in [0, 1] (`mot.media`).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from mot import media
+from mot import media, patches
 from mot import tokenizer as tokenizer_lib
 from mot.data import digits
 from mot.data.builder import SequenceBuilder
@@ -27,6 +27,7 @@ class PromptBuilder:
   patch_dim: int             # P: width of the `patches` field (model.patch_dim)
   patch_size: int            # pixels per patch side (data.patch_size)
   image_size: int            # image (or video frame) side in pixels
+  channels: int              # 1: grayscale images [H, W]; 3: RGB images [H, W, 3]
   read_window: int           # reading images: the window each patch token carries (0: off)
   video_layout: str          # "clip" (one block) or "frames" (one block a frame)
   action_dim: int            # real dims of an action patch (model.modality_patch_dims[3])
@@ -39,15 +40,21 @@ class PromptBuilder:
     return b
 
   def _patches(self, unit: np.ndarray) -> np.ndarray:
-    return digits.patchify(media.to_model_scale(unit), self.patch_size)
+    """Patches [..., g, g, P'] of images [..., H, W(, C)] in [0, 1]."""
+    scaled = media.to_model_scale(unit)
+    if self.channels == 1:
+      scaled = scaled[..., None]
+    return patches.patchify(scaled, self.patch_size)
 
   def reasoning_prompt(self, text: str, image: np.ndarray | None = None,
                        video: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """BOS, [clean image], [clean video], text: the reading layout up to its answer."""
     b = self._start()
-    if image is not None:
+    if image is not None and self.read_window:  # grayscale only (checked by the config)
       b.add_image(digits.patchify_window(media.to_model_scale(image), self.patch_size,
                                          self.read_window), noised=False)
+    elif image is not None:
+      b.add_image(self._patches(image), noised=False)
     if video is not None:
       b.add_video(self._patches(video), noised=False)
     b.add_text(self.tokenizer.encode(text))
@@ -64,9 +71,14 @@ class PromptBuilder:
     return b.build()
 
   def blank_frames(self, n: int) -> np.ndarray:
-    """Patches [n, g, g, P] of n empty frames (the shape of the blocks to draw)."""
+    """Patches [n, g, g, P'] of n empty frames (the shape of the blocks to draw)."""
+    return self._patches(np.zeros((n, *self.frame_shape), np.float32))
+
+  @property
+  def frame_shape(self) -> tuple[int, ...]:
+    """Shape of one image or frame in [0, 1]: (H, W) grayscale, (H, W, C) otherwise."""
     side = self.image_size
-    return digits.patchify(np.zeros((n, side, side), np.float32), self.patch_size)
+    return (side, side) if self.channels == 1 else (side, side, self.channels)
 
   def add_frames_to_draw(self, b: SequenceBuilder, num_frames: int,
                          drawn: np.ndarray | None, given: np.ndarray | None = None) -> None:
@@ -77,8 +89,7 @@ class PromptBuilder:
     if self.video_layout == "clip":
       b.add_video(self.blank_frames(num_frames), noised=True)
       return
-    side = self.image_size
-    empty = np.zeros((0, side, side), np.float32)
+    empty = np.zeros((0, *self.frame_shape), np.float32)
     given = empty if given is None else np.asarray(given, np.float32)
     drawn = empty if drawn is None else np.asarray(drawn, np.float32)
     known = np.concatenate([given, drawn])

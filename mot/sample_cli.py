@@ -109,7 +109,8 @@ def run_sample(request: Request, stdout=None) -> None:
   stdout = stdout or sys.stdout
   actions = check_request(request)
   paths = media.image_paths(request.images)
-  pixels = [media.load_image(p, None) for p in paths]  # every file read (and checked) first
+  for path in paths:  # every file is read (and checked) before the checkpoint is
+    media.load_image(path, None)
   pipe = Pipeline.from_workdir(request.workdir)
   if not pipe.is_video and (actions is not None or request.num_frames is not None):
     pipe.require_video("--actions" if actions is not None else "--num_frames")
@@ -121,19 +122,19 @@ def run_sample(request: Request, stdout=None) -> None:
                        "drop it")
     run_video(pipe, request, settings, actions, stdout)
   elif request.mode == "reason":
-    reason_images(pipe, request, paths, pixels, stdout)
+    reason_images(pipe, request, paths, stdout)
   else:
     draw_images(pipe, request, settings, stdout)
 
 
-def reason_images(pipe: Pipeline, r: Request, paths: list[str], pixels: list[np.ndarray],
-                  stdout) -> None:
+def reason_images(pipe: Pipeline, r: Request, paths: list[str], stdout) -> None:
   """--mode reason on an image checkpoint: every prompt about every image (or text)."""
   prompts = list(r.prompts) or [DEFAULT_QUESTION]
   if paths:
     pairs = [(path, p) for path in paths for p in prompts]
     answers = pipe.reason([p for _, p in pairs], seed=r.seed,
-                          images=[x for x in pixels for _ in prompts], shifts=r.reason_shifts)
+                          images=[path for path in paths for _ in prompts],
+                          shifts=r.reason_shifts)
   else:
     pairs = [(None, p) for p in prompts]
     answers = pipe.reason(prompts, seed=r.seed, shifts=r.reason_shifts)
@@ -184,7 +185,7 @@ def run_video(pipe: Pipeline, r: Request, settings: dict, actions: np.ndarray | 
   records = []
   if actions is not None:
     paths = media.image_paths(r.images)
-    first = np.stack([media.load_image(p, pipe.image_size) for p in paths])
+    first = np.stack([media.load_image(p, pipe.image_size, pipe.channels) for p in paths])
     clips = pipe.predict(first, actions, r.num_samples, steps, cfg_scale, sampler, r.seed)
     settings["actions"] = actions.tolist()
     for k in range(len(clips)):
@@ -210,7 +211,7 @@ def run_video(pipe: Pipeline, r: Request, settings: dict, actions: np.ndarray | 
 def reason_clips(pipe: Pipeline, r: Request, stdout) -> None:
   """--mode reason on a video checkpoint: each --images item is one clip."""
   prompts = list(r.prompts) or [VIDEO_QUESTION]
-  clips = [media.load_clip(item, pipe.image_size) for item in r.images]
+  clips = [media.load_clip(item, pipe.image_size, pipe.channels) for item in r.images]
   if clips:
     pairs = [(item, p) for item in r.images for p in prompts]
     answers = []

@@ -13,6 +13,8 @@ import functools
 
 import numpy as np
 
+from mot import patches
+
 NUM_TRAIN = 1500
 SIDE = 8          # the digits are SIDE x SIDE pixels
 MAX_PIXEL = 16.0
@@ -66,14 +68,9 @@ def to_pixels(x: np.ndarray) -> np.ndarray:
 
 
 def patchify(img: np.ndarray, patch_size: int) -> np.ndarray:
-  """Cuts images [..., H, W] into [..., H/p, W/p, p*p] patches (row-major in a patch)."""
-  img = np.asarray(img)
-  *lead, h, w = img.shape
-  _check_divisible(h, w, patch_size)
-  hp, wp, p = h // patch_size, w // patch_size, patch_size
-  x = img.reshape(*lead, hp, p, wp, p)
-  x = np.moveaxis(x, -3, -2)  # [..., hp, wp, p, p]
-  return x.reshape(*lead, hp, wp, p * p)
+  """Cuts grayscale images [..., H, W] into [..., H/p, W/p, p*p] patches (row-major in a
+  patch): `mot.patches.patchify` with one channel."""
+  return patches.patchify(np.asarray(img)[..., None], patch_size)
 
 
 def patchify_window(img: np.ndarray, patch_size: int, window: int) -> np.ndarray:
@@ -90,7 +87,7 @@ def patchify_window(img: np.ndarray, patch_size: int, window: int) -> np.ndarray
     return patchify(img, patch_size)
   img = np.asarray(img, np.float32)
   *lead, h, w = img.shape
-  _check_divisible(h, w, patch_size)
+  patches.check_divisible(h, w, patch_size)
   if window < patch_size or (window - patch_size) % 2:
     raise ValueError(f"window {window} must exceed patch_size {patch_size} by an even "
                      "number of pixels (centred on the patch)")
@@ -101,19 +98,6 @@ def patchify_window(img: np.ndarray, patch_size: int, window: int) -> np.ndarray
   return np.stack([padded[..., a:a + h:p, b:b + w:p] for a, b in own + ring], axis=-1)
 
 
-def unpatchify(patches: np.ndarray, patch_size: int) -> np.ndarray:
+def unpatchify(tokens: np.ndarray, patch_size: int) -> np.ndarray:
   """Inverse of `patchify`: [..., hp, wp, p*p] -> [..., hp*p, wp*p]."""
-  patches = np.asarray(patches)
-  *lead, hp, wp, pp = patches.shape
-  p = patch_size
-  if pp != p * p:
-    raise ValueError(f"patches of dim {pp} do not match patch_size {p} (need {p * p})")
-  x = patches.reshape(*lead, hp, wp, p, p)
-  x = np.moveaxis(x, -2, -3)  # [..., hp, p, wp, p]
-  return x.reshape(*lead, hp * p, wp * p)
-
-
-def _check_divisible(h: int, w: int, patch_size: int) -> None:
-  if patch_size < 1 or h % patch_size or w % patch_size:
-    raise ValueError(f"image of {h}x{w} pixels cannot be cut into {patch_size}x"
-                     f"{patch_size} patches: H and W must be divisible by patch_size")
+  return patches.unpatchify(tokens, patch_size, 1)[..., 0]

@@ -195,19 +195,26 @@ def _check_augmentation(data_config: Any, size: int) -> dict[str, Any]:
 def _check_patches(data_config: Any, size: int) -> tuple[int, int]:
   """(patch_size, patch_dim), checked against the image side."""
   p, patch_dim = int(_f(data_config, "patch_size")), int(_f(data_config, "patch_dim"))
+  channels = _f(data_config, "channels")
+  if channels not in (1, 3) or (channels != 1 and data_config.dataset in DIGIT_DATASETS):
+    raise ValueError(f"config.data.channels={channels!r} must be 1 (grayscale) or 3 (RGB); "
+                     "the bundled digits are grayscale (1)")
   if p < 1 or size % p:
     where = {"digits": "", "moving_digits": " (config.data.canvas_size)"}.get(
         data_config.dataset, " (config.data.image_size)")
     raise ValueError(f"config.data.patch_size={p} must divide the {size}x{size} images{where}")
-  if patch_dim < p * p:
-    raise ValueError(f"config.data.patch_dim={patch_dim} is smaller than patch_size**2 "
-                     f"= {p * p}")
+  if patch_dim < p * p * channels:
+    raise ValueError(f"config.data.patch_dim={patch_dim} is smaller than patch_size**2 * "
+                     f"channels = {p * p * channels}")
   return p, patch_dim
 
 
 def _check_read_window(data_config: Any, size: int, p: int, patch_dim: int) -> int:
   """config.data.read_window (image datasets: the reading task's patch neighbourhood)."""
   window = _f(data_config, "read_window")
+  if window and data_config.channels != 1:
+    raise ValueError(f"config.data.read_window={window} reads grayscale patch neighbourhoods; "
+                     "set it to 0 for RGB images (config.data.channels=3)")
   if not isinstance(window, int) or (window and (window <= p or (window - p) % 2 or window
                                                  > size or window * window > patch_dim)):
     raise ValueError(f"config.data.read_window={window!r} must be 0 (off) or a square centred "
