@@ -5,16 +5,15 @@
   /tmp/peer/bin/python bench/peer_transfusion.py     # the peer (bash bench/peer_setup.sh)
 
 On a GPU add --config.model.dtype=bfloat16 (attention then runs through cuDNN's fused
-kernel; README, Performance: "On a GPU") and run the peer with --device cuda.
+kernel; docs/performance.md) and run the peer with --device cuda.
 
 They are configs/digits.py's default run changed only where a field is set below, so
 train.py accepts them too. Both inherit its bf16 matmul operands (`model.matmul_dtype`:
 bf16 products summed in float32; parameters, activations and gradients stay float32);
 --config.model.matmul_dtype=same runs them in float32 throughout, as the peer runs.
 
-On a CPU, run both with tcmalloc preloaded (see the README's Performance section): XLA's
-CPU runtime maps and unmaps the step's scratch memory every step, and glibc's malloc then
-pays a page fault per 4 KiB page (47,000 a step for `peer`).
+On a CPU, glibc's malloc would map and unmap the step's scratch memory every step (a page
+fault per 4 KiB page); the benchmarks, like train.py, tune it first (`mot.cli.tune_malloc`).
 
 Variants (the part after ':'):
   peer  lucidrains' transfusion-pytorch benchmark setting (shared/STACK.md, issue 9):
@@ -27,9 +26,8 @@ Variants (the part after ':'):
         one image each, caption -> image (41 tokens: BOS, 21 caption bytes, image begin,
         16 patches, image end, EOS) and image -> answer (40 tokens), half each; the
         text-only task (no image) is off. 16 examples per step, one per row of 41 tokens
-        as the peer runs them (about 1 % padding). Packing two per row of 82 computed the
-        attention scores between them only to mask them out: 3 % slower steps on one
-        core, 5 % on two (README Performance).
+        as the peer runs them (about 1 % padding). Packing two per row of 82 would compute
+        the attention scores between them only to mask them out.
   d512  d_model 512, 8 layers, 8 heads x 64, SwiGLU hidden 2048 (4x), on packed rows of 3
         examples (seq_len 128) and 16 rows a step: about 1,940 real tokens per step, so
         the per-step costs that do not grow with tokens (AdamW, EMA and the non-finite
@@ -57,12 +55,12 @@ def get_config(arg: str = "peer") -> ml_collections.ConfigDict:
   # ---- Model shared by both variants. ----
   c.model.head_dim = 64              # per-head width
   c.model.rope_sections = (8, 12, 12)  # M-RoPE (t, h, w) frequencies; sum = head_dim/2
-  c.model.scan_layers = False        # unrolled blocks: 3-5 % faster steps here than nn.scan
+  c.model.scan_layers = False        # unrolled blocks: faster steps than nn.scan on a CPU
                                      # (no per-layer slicing and stacking of weights and
-                                     # gradients) and a compile still under 10 s
+                                     # gradients), and the compile stays short
   c.model.remat_policy = "none"      # nothing recomputed: activations fit easily on CPU
   c.model.dtype = "float32"          # activations: bf16 ones are no faster on a CPU
-                                     # (README Performance); the matmul operands are bf16
+                                     # (docs/performance.md); the matmul operands are bf16
 
   if variant == "peer":
     c.batch_size = 16                # rows per step: 16 examples, as the peer's batch

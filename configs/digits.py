@@ -24,8 +24,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.seed = 0                         # seeds init, data order, noise and dropout
 
   # ---- Optimisation. ----
-  c.num_train_steps = 1200           # total optimizer steps (whole run, eval incl.: 8 min 34 s
-                                     # on 2 idle AMD EPYC Zen 4 cores; README Results)
+  c.num_train_steps = 1200           # total optimizer steps (the run's time and figures:
+                                     # docs/results.md)
   c.batch_size = 96                  # global batch in rows (one example each: 96 examples)
   c.learning_rate = 2e-3             # peak AdamW learning rate
   c.warmup_steps = 100               # linear warm-up steps, then cosine decay
@@ -56,7 +56,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.keep_checkpoints = 3             # newest checkpoints kept
   c.progress_bar = True              # tqdm bar on process 0
 
-  # ---- Mesh (see README "Scaling out"). ----
+  # ---- Mesh (README, "Scale out"). ----
   c.mesh_axes = ("data", "fsdp", "tensor")   # named mesh axes
   c.mesh_shape = "(-1,1,1)"          # sizes per axis; one -1 takes the remaining devices
   c.logical_axis_rules = (           # logical axis name -> mesh axis (or None)
@@ -91,25 +91,24 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.data.seq_len = 44                # row length in tokens: the longest example (44)
   c.data.examples_per_row = 1        # examples per row: one, so no attention is spent on
                                      # scores between examples that the mask throws away
-                                     # (3 per row of 128: 1.15x the step time; README)
   c.data.patch_size = 2              # 8x8 image -> (8/p)^2 patches of p*p pixels
   c.data.patch_dim = 4               # width of the patches field (>= patch_size**2)
   c.data.shift_pixels = 1            # random shift augmentation for the reading task
   c.data.rotate_degrees = 0.0        # ... random rotation up to ± this many degrees (off:
-                                     # 10 degrees did not raise held-out reading, 92.9 %)
+                                     # it did not raise held-out reading, docs/results.md)
   c.data.scale_jitter = 0.0          # ... random zoom by 1 ± this
   c.data.cutout_size = 0             # ... a random square of this many pixels a side
                                      # erased to background (0: off)
   c.data.cutout_prob = 0.5           # ... in this fraction of the reading images
-  c.data.elastic_alpha = 0.0         # ... elastic distortion, RMS displacement in pixels (0: off;
-                                     # 0.5 read 97.3 %, as the default)
+  c.data.elastic_alpha = 0.0         # ... elastic distortion, RMS displacement in pixels
+                                     # (0: off; no gain at 0.5, docs/results.md)
   c.data.elastic_sigma = 1.5         # ... its smoothness: Gaussian blur of the field, pixels
   c.data.elastic_prob = 0.5          # ... in this fraction of the reading images
   c.data.read_window = 0             # reading images: each patch token also carries the
                                      # window x window pixels around it (an overlapping,
                                      # conv-stem-like patch embedding; needs patch_dim >=
-                                     # window**2; 0: plain patches; 4 with patch_dim 16
-                                     # read 97.6 % vs the default's 97.3 %, within noise)
+                                     # window**2; 0: plain patches; no gain beyond seed
+                                     # noise, docs/results.md)
   c.data.validation_size = 0         # tuning: > 0 trains without the last N training digits
                                      # and evaluates on them, never on the 297 held out
   c.data.num_threads = 1             # grain threads preparing examples
@@ -143,13 +142,13 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.model.scan_layers = True         # nn.scan over blocks (stacked weights, faster compiles)
   c.model.scan_unroll = -1           # blocks per scan-loop iteration; -1: all of them, i.e.
                                      # straight-line code with the scan's weights and bits
-                                     # (1.11x the steps/s of 1, a loop, here: README)
+                                     # (faster on a CPU: docs/performance.md)
   c.model.remat_policy = "none"      # "none" or a jax.checkpoint_policies name
-  c.model.dtype = "float32"          # compute dtype (bf16: 1.6x slower steps on this CPU)
+  c.model.dtype = "float32"          # compute dtype (bf16 activations are slower on a CPU)
   c.model.matmul_dtype = "bfloat16"  # Linear matmul operands: bf16, with f32 accumulation,
                                      # activations and gradients (a TPU's default precision;
-                                     # 1.5x the steps/s here, README); "same": the compute
-                                     # dtype (faster on a CPU without AVX512-BF16)
+                                     # faster on CPUs with AVX512-BF16 or AMX:
+                                     # docs/performance.md); "same": the compute dtype
   c.model.param_dtype = "float32"    # parameter dtype
   c.model.attention_impl = "auto"    # "auto": cuDNN flash attention on a GPU in bf16, else XLA
 

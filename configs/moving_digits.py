@@ -36,9 +36,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c = digits_config.get_config(arg)  # shared fields, each documented there
   c.variant = variant                # which variant of this file built the config
 
-  # ---- Optimisation: a default run takes ~40 min on a 2-core CPU (README). ----
-  c.num_train_steps = 3000           # total optimizer steps (1,500: caption -> clip identity
-                                     # 87.5 %, QA 67.0 %; 3,000: 98.0 %, 88.6 %; README Video)
+  # ---- Optimisation (the run's time and figures: docs/results.md). ----
+  c.num_train_steps = 3000           # total optimizer steps (half as many read and draw
+                                     # clearly worse: docs/results.md)
   c.batch_size = 16                  # global batch in packed rows (one clip example a row)
   c.learning_rate = 2e-3             # peak AdamW learning rate
   c.warmup_steps = 100               # linear warm-up steps, then cosine decay
@@ -53,9 +53,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.data.channels = 1                # grayscale frames
   c.data.video_layout = "frames"     # generated frames: one block a frame, teacher forced,
                                      # drawn frame by frame ("clip": all in one block; see
-                                     # mot/data/moving_digits.py and the README)
+                                     # mot/data/moving_digits.py and docs/results.md)
   c.data.generation_start = "grid"   # caption -> clip training clips start on the patch
-                                     # "grid" or "any"where (other tasks: anywhere; README)
+                                     # "grid" or "any"where (other tasks: anywhere)
   c.data.first_frame_weight = 1.0    # caption -> clip: loss weight of frame 0, the one frame
                                      # drawn from the caption alone (the rest move it)
   c.data.seq_len = 288               # row length: the longest example (video generation,
@@ -69,26 +69,24 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.data.workers = 0                 # worker processes making batches (0: none; same batches)
   c.data.validation_size = 0         # tuning: > 0 trains without the last N training digits
                                      # and evaluates on their clips, never on the 297 held out
-  c.data.task_weights = ml_collections.ConfigDict(  # task mix (see the docstring; the README
-      {"video_generation": 0.35, "video_qa": 0.45, "world_model": 0.3,  # compares mixes)
+  c.data.task_weights = ml_collections.ConfigDict(  # task mix (docs/results.md compares
+      {"video_generation": 0.35, "video_qa": 0.45, "world_model": 0.3,  # mixes)
        "inverse_dynamics": 0.15,
-       "video_first_frame": 0.5,      # caption -> frame 0 only, 5 examples a row (CFG 2,
-                                      # .25: identity 60.0 %, QA 78.5 %; .5: 87.5 %, 67.0 %)
-       "video_frame_qa": 0.0})        # one frame -> "3", 6 a row (.3: QA 88.6 -> 94.9 %, but
-                                      # identity 98.0 -> 85.5 %, world model 85.5 -> 55 %)
+       "video_first_frame": 0.5,      # caption -> frame 0 only, 5 examples a row
+       "video_frame_qa": 0.0})        # one frame -> "3", 6 a row (off: it raises QA but
+                                      # costs identity and the world model)
 
   # ---- Model: as configs/digits.py, with wider patches. ----
   c.model.patch_dim = c.data.get_ref("patch_dim")  # P, shared with the data
   c.model.modality_patch_dims = (0, PATCH * PATCH, PATCH * PATCH, 2)  # text/image/video/action
-  c.model.matmul_dtype = "same"      # float32 operands, as its README results were trained
-                                     # (the digits default's bf16 operands are not yet
-                                     # evaluated on video: --config.model.matmul_dtype=bfloat16)
+  c.model.matmul_dtype = "same"      # float32 operands, as its results were trained (the
+                                     # digits default's bf16 operands are not evaluated on
+                                     # video yet: --config.model.matmul_dtype=bfloat16)
 
   # ---- Sampling defaults (sample.py, evaluation). ----
   c.sample.steps = 24                # denoising steps
-  c.sample.cfg_scale = 2.0           # guidance (first-frame weight .25: caption -> clip
-                                     # identity 40.5 % at 1, 60.0 % at 2, 63.0 % at 3, 55.0 %
-                                     # at 4; motion error rises above 2; README Video)
+  c.sample.cfg_scale = 2.0           # guidance: the best identity before motion error rises
+                                     # (the scan is in docs/results.md)
   c.sample.reason_shifts = 0         # clips are read as given (test-time shifts: images only)
 
   if variant == "tiny":

@@ -26,8 +26,8 @@ Two ways to multiply the buffer by each group's weights (`grouped_matmul`):
           weights. K = ceil(N / T) + E - 1 covers any split, so (E - 1) * T padding rows
           are computed (6 % for mode at N = 4096, T = 256), plus a gather of K kernel
           copies that the backward pass recomputes rather than keeps (`_tiled_matmul`).
-`expert_impl="auto"` takes ragged on TPU and tiled elsewhere. On 2 CPU cores the digits
-train step of "mode" takes ~1.05-1.08x the time of "shared" (bench/experts_step_time.py).
+`expert_impl="auto"` takes ragged on TPU and tiled elsewhere (the step-time ratio of "mode"
+to "shared" is in docs/performance.md, from bench/experts_step_time.py).
 
   groups = experts.group_tokens(cfg, inputs.modality, inputs.mask_ids.noised)  # or None
   buf = groups.dispatch(x)                   # [B, L, d] -> [R, d]
@@ -209,8 +209,8 @@ def grouped_matmul(x: Array, kernel: Array, groups: Groups, in_dims: int = 1,
   assert len(in_shape) == in_dims and kernel.shape[1:1 + in_dims] == in_shape, (
       x.shape, kernel.shape, in_dims)
   out_shape = kernel.shape[1 + in_dims:]
-  # Matrices [*, in] x [in, out] (free reshapes): XLA:CPU runs these ~1.4x faster than
-  # the same contraction with several in/out dims.
+  # Matrices [*, in] x [in, out] (free reshapes): XLA:CPU has fast kernels for plain 2-D
+  # products, not for the same contraction with several in/out dims.
   rows = x.shape[0]
   x = x.reshape(rows, -1)
   kernel = kernel.reshape(kernel.shape[0], math.prod(in_shape), -1)

@@ -6,7 +6,7 @@ activations, the residual stream, the gradients between layers and the parameter
 the compute and parameter dtypes (float32 by default). This is what a TPU does with a
 float32 matmul at its default precision (one bf16 pass), written out so that every backend
 does it: CPUs with AVX512-BF16 (Intel since Cooper Lake, AMD since Zen 4) and GPUs run
-bf16 x bf16 -> f32 products about twice as fast as f32 ones. Plain `dtype="bfloat16"` is
+bf16 x bf16 -> f32 products faster than f32 ones. Plain `dtype="bfloat16"` is
 a different thing: bf16 activations everywhere, and on a CPU a bf16-*output* matmul, which
 is no faster than f32.
 
@@ -19,7 +19,7 @@ The weight gradient contracts over the token axis (every leading axis of x). XLA
 hands a 2-D dot that contracts the left operand's *major* axis to Eigen, which has no
 bf16 kernel (it upcasts); written as a batch-contracting einsum over a size-1 axis, the
 same product is canonicalised with an explicit transpose and runs in YNNPACK's bf16
-kernel (1.5-2x the float32 rate on Zen 4; see README Performance).
+kernel (rates in docs/performance.md).
 """
 from __future__ import annotations
 

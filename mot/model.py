@@ -80,8 +80,8 @@ def _remat(cls, cfg: ModelConfig, static_argnums=()):
 
 def _scan_unroll(cfg: ModelConfig, cached: bool) -> int:
   """Blocks per iteration of the layer scan's loop: `cfg.scan_unroll`, -1 meaning all;
-  1 with a KV cache (unrolled, a one-token decode step at a 512-token context took 1.5-1.7
-  ms against 0.8 ms looped on a 2-core CPU: `bench.decode_latency`)."""
+  1 with a KV cache, where unrolling makes a one-token decode step slower, not faster
+  (it then copies every layer's cache slice: docs/performance.md, `bench.decode_latency`)."""
   if cached:
     return 1
   if cfg.scan_unroll == -1:

@@ -49,9 +49,9 @@ def rotary_tables(positions, head_dim: int, sections, theta: float,
   the table — at ~3 ns a sine on a CPU core; XLA:CPU drops `optimization_barrier` before
   fusing, and a dot is not fused into elementwise code, so it fences the tables into one
   buffer each. x @ I is exact (each entry times 1, plus zeros, at highest precision) and
-  costs 2 x B x L x head_dim^2 FLOPs once, nothing beside the layers' matmuls: the
-  peer-setting step on one CPU core went from 311-326 to 284-295 ms, with the same bits
-  (README, Performance). Under `nn.scan` the loop boundary already did this.
+  costs 2 x B x L x head_dim^2 FLOPs once, nothing beside the layers' matmuls, and gives
+  the same bits (docs/performance.md has the step times). Under `nn.scan` the loop
+  boundary already did this.
   """
   angles = mrope_angles(positions, head_dim, sections, theta, interleaved)
   both = jnp.concatenate([jnp.cos(angles), jnp.sin(angles)], axis=-1)      # [B, L, D]

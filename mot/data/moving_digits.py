@@ -38,8 +38,8 @@ Generated frames come in one of two layouts (config.data.video_layout):
       "move the last frame by the action", the same operator at every frame.
   "clip"  the T frames as one noised block drawn together. With 4-pixel patches and
       1-pixel motion this must copy the first frame's content shifted by k pixels, a
-      different sub-patch permutation for every k mod 4: trained so (README), frames
-      shifted by whole patches come out sharp and the rest as strokes at the right place
+      different sub-patch permutation for every k mod 4: trained so (docs/results.md),
+      frames shifted by whole patches come out sharp and the rest as strokes at the right place
       that are no longer the digit. (Kept for checkpoints trained with it.)
 Positions are the same in both (`SequenceBuilder.add_video_frames`).
 """
@@ -268,7 +268,7 @@ def video_generation_example(clip: Clip, label: int, patch_size: int, patch_dim:
 
   Frame by frame, only frame 0 is drawn from the caption alone (every later frame moves
   the one before it), so `first_frame_weight` can weigh its loss up
-  (config.data.first_frame_weight; README: more examples help, a weight does not).
+  (config.data.first_frame_weight; docs/results.md compares it with more examples).
   """
   b = SequenceBuilder(patch_dim)
   b.add_text([tokenizer_lib.BOS])

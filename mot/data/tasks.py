@@ -282,8 +282,7 @@ def random_rotate_scale(image: np.ndarray, max_degrees: float, scale_jitter: flo
   about its centre, bilinearly resampled; pixels from outside are BACKGROUND.
 
   Meant for the reading task's gap to unseen writers (slant, size); off in
-  configs/digits.py, where 10 degrees + 10 % zoom did not raise held-out reading
-  (92.9 % vs 93.9 % without, within noise).
+  configs/digits.py, where it did not raise held-out reading (docs/results.md).
   """
   h, w = image.shape
   angle = np.deg2rad(rng.uniform(-max_degrees, max_degrees))

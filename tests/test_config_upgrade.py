@@ -1,0 +1,71 @@
+"""Saved configs of older versions are read through one explicit upgrade."""
+import pytest
+
+from configs import digits, image_folder, moving_digits
+from mot import config as config_lib
+from mot import config_upgrade
+from mot.errors import CheckpointError
+
+CURRENT = {"digits": digits.get_config("tiny"), "moving_digits": moving_digits.get_config("tiny"),
+           "image_folder": image_folder.get_config("tiny")}
+
+
+@pytest.mark.parametrize("name", sorted(CURRENT))
+def test_a_current_config_round_trips_unchanged(name):
+  config = CURRENT[name]
+  saved = config_upgrade.saved_form(config)
+  assert saved[config_upgrade.VERSION_KEY] == config_upgrade.CONFIG_VERSION
+  assert config_upgrade.upgrade_config(saved).to_dict() == config.to_dict()
+
+
+def _version_0(config):
+  """The config as version 0 saved it: without the fields version 1 declared."""
+  saved = config.to_dict()
+  for key in ("ar_label_smoothing", "freeze_understanding", "eval_samples_per_digit"):
+    del saved[key]
+  for key in ("shift", "context_length", "reason_shifts"):
+    del saved["sample"][key]
+  for key in ("num_threads", "prefetch", "workers", "channels", "image_size"):
+    saved["data"].pop(key, None)
+  for key in ("vocab_size", "norm_eps", "scan_unroll", "matmul_dtype", "attention_impl"):
+    del saved["model"][key]
+  return saved
+
+
+def test_a_version_0_digits_config_runs_as_version_0_ran():
+  upgraded = config_upgrade.upgrade_config(_version_0(CURRENT["digits"]))
+  assert upgraded.data.image_size == 8 and upgraded.data.channels == 1
+  assert (upgraded.data.num_threads, upgraded.data.prefetch, upgraded.data.workers) == (1, 2, 0)
+  assert upgraded.sample.reason_shifts == 0 and upgraded.sample.context_length == 0
+  assert upgraded.ar_label_smoothing == 0.0 and not upgraded.freeze_understanding
+  # Model fields take the values version 0 computed with when they were absent.
+  assert upgraded.model.matmul_dtype == "same" and upgraded.model.scan_unroll == 1
+  assert upgraded.model.vocab_size == 272 and upgraded.model.norm_eps == 1e-6
+  config_lib.validate(upgraded)                      # a complete, valid run config
+
+
+def test_a_version_0_video_config_keeps_the_one_block_layout():
+  saved = _version_0(CURRENT["moving_digits"])
+  for key in ("video_layout", "generation_start", "first_frame_weight"):
+    del saved["data"][key]
+  upgraded = config_upgrade.upgrade_config(saved)
+  assert upgraded.data.video_layout == "clip" and upgraded.data.generation_start == "any"
+  assert "read_window" not in upgraded.data          # image-only fields stay out of video
+
+
+def test_a_newer_config_version_is_refused_in_one_line():
+  saved = dict(config_upgrade.saved_form(CURRENT["digits"]), config_version=99)
+  with pytest.raises(CheckpointError, match="config_version=99.*upgrade mot") as e:
+    config_upgrade.upgrade_config(saved)
+  assert "\n" not in str(e.value)
+
+
+def test_a_run_config_missing_a_field_names_it():
+  config = digits.get_config("tiny")
+  del config.data["channels"]
+  with pytest.raises(config_lib.ConfigError, match=r"config.data.channels is not declared"):
+    config_lib.validate(config)
+  config = digits.get_config("tiny")
+  del config.model["norm_eps"]
+  with pytest.raises(config_lib.ConfigError, match="config.model lacks norm_eps"):
+    config_lib.validate(config)
