@@ -349,3 +349,29 @@ def test_cnn_reader_learns_to_read_and_reports_every_seed():
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1 and "Traceback" not in bad.stderr
     assert bad.stderr.strip().count("\n") == 0 and "--seeds" in bad.stderr, bad.stderr
+
+
+def test_hlo_dots_reads_operand_dtypes_flops_and_layouts():
+  from bench import hlo_dots
+  meta = ', metadata={op_name="jit(f)/%s/dot_general"}'
+  hlo = "\n".join([
+      "%fused_computation.1 (param_0.2: bf16[512,2048], param_1.2: bf16[2048,256]) {",
+      "  %param_0.2 = bf16[512,2048]{1,0} parameter(0)",
+      "  %param_1.2 = bf16[2048,256]{1,0} parameter(1)",
+      "  ROOT %dot.98 = f32[512,256]{1,0} dot(%param_0.2, %param_1.2), "
+      "lhs_contracting_dims={1}, rhs_contracting_dims={0}" + meta % "mlp/wi",
+      "}",
+      "%fused_computation.2 (param_0.3: f32[2048,512], param_1.3: f32[2048,32]) {",
+      "  %param_0.3 = f32[2048,512]{1,0} parameter(0)",
+      "  %param_1.3 = f32[2048,32]{1,0} parameter(1)",
+      "  ROOT %dot.99 = f32[512,32]{1,0} dot(%param_0.3, %param_1.3), "
+      "lhs_contracting_dims={0}, rhs_contracting_dims={0}" + meta % "wgrad/x",
+      "}"])
+  dots = hlo_dots.parse_dots(hlo)
+  assert [d["operands"] for d in dots] == ["bf16 x bf16", "f32 x f32"]
+  assert dots[0]["flops"] == 2 * 512 * 256 * 2048 and not dots[0]["transposed"]
+  assert dots[1]["flops"] == 2 * 512 * 32 * 2048 and dots[1]["transposed"] and dots[1]["small"]
+  assert dots[0]["op"] == "wi" and not dots[0]["small"]
+  summary = hlo_dots.summarize(dots)
+  assert summary["flops_by_operands"]["bf16 x bf16"] == dots[0]["flops"]
+  assert summary["transposed_flops"] == summary["small_flops"] == dots[1]["flops"]
