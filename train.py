@@ -4,8 +4,9 @@
   python train.py --config configs/digits.py --workdir runs/digits --config.num_train_steps=300
 
 Resumes from the newest checkpoint in --workdir. All logic lives in mot.train_lib.
-On Linux with tcmalloc installed (apt-get install libtcmalloc-minimal4) the run restarts
-itself with tcmalloc preloaded, 1.4x faster on CPU; MOT_TCMALLOC=0 turns that off.
+On Linux it first tunes glibc malloc so that XLA's per-step CPU scratch memory is reused,
+not page-faulted afresh (mot.cli.tune_malloc; MOT_MALLOC=default turns that off, and a
+tcmalloc preloaded with LD_PRELOAD is left alone; docs/performance.md).
 """
 from absl import flags
 from ml_collections import config_flags

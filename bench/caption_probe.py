@@ -1,4 +1,4 @@
-"""Does a clip's first generated frame depend on the caption's digit? (README, Video.)
+"""Does a clip's first generated frame depend on the caption's digit? (docs/results.md §4.)
 
   python -m bench.caption_probe --workdir runs/moving [--clips 80]
 

@@ -1,4 +1,4 @@
-"""How well does a dedicated CNN read the 297 held-out digits? (README, Results.)
+"""How well does a dedicated CNN read the 297 held-out digits? (docs/results.md §1.)
 
   python -m bench.cnn_reader [--seeds 0,1,2,3,4] [--steps 3000] [--shift_pixels 1]
 

@@ -1,4 +1,4 @@
-"""Does the DM head read the digits the AR head misreads? (README, Results.)
+"""Does the DM head read the digits the AR head misreads? (docs/results.md §2.)
 
   python -m bench.diffusion_classifier --workdir runs/digits [--draws 32] [--seed 0]
       [--num_images N]

@@ -36,7 +36,7 @@ Per pair it prints both figures and their ratios; then one JSON line:
 `--cpus 0` runs both sides on one core: the per-core ratio. Beside the all-core ratio it
 says whether a gap comes from how each side scales over cores or from its per-core speed.
 
-The figures depend on the machine (README, Performance); no test asserts them.
+The figures depend on the machine (docs/performance.md); no test asserts them.
 """
 from __future__ import annotations
 

@@ -7,8 +7,8 @@
   # on a GPU: several runs share it (each allocates on demand)
   python -m bench.seed_sweep --workdir runs/sweep --parallel 8 ...
 
-Why: one run's held-out reading moves by 1-1.5 points with the seed alone (README,
-Results), as much as most settings do. A setting is only better if it is better across
+Why: one run's held-out reading moves by 1-1.5 points with the seed alone
+(docs/results.md), as much as most settings do. A setting is only better if it is better across
 seeds, and a choice made on the held-out digits flatters the chosen one, so this command
 runs every (setting, seed) pair of `python train.py --config CONFIG --workdir
 DIR/NAME/seed_S --config.seed=S ARGS SETTING_ARGS` (up to --parallel at a time), reads

@@ -1,4 +1,4 @@
-"""Frame-to-frame consistency of generated moving-digit clips (README, Video section).
+"""Frame-to-frame consistency of generated moving-digit clips (docs/results.md §4).
 
   python -m bench.video_consistency --workdir runs/moving [--clips_per_digit 3]
 

@@ -56,7 +56,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.keep_checkpoints = 3             # newest checkpoints kept
   c.progress_bar = True              # tqdm bar on process 0
 
-  # ---- Mesh (README, "Scale out"). ----
+  # ---- Mesh (README, "Scaling out"). ----
   c.mesh_axes = ("data", "fsdp", "tensor")   # named mesh axes
   c.mesh_shape = "(-1,1,1)"          # sizes per axis; one -1 takes the remaining devices
   c.logical_axis_rules = (           # logical axis name -> mesh axis (or None)

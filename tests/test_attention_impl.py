@@ -3,7 +3,7 @@
 The GPU test runs only where JAX sees a GPU (CI has none). tests/conftest.py puts JAX on
 the CPU unless JAX_PLATFORMS is set, so on a GPU machine run it as
 `JAX_PLATFORMS=cuda python -m pytest -q -n 0 tests/test_attention_impl.py` (as on the H200:
-README, Performance).
+docs/performance.md §4).
 """
 import dataclasses
 

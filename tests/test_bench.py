@@ -87,7 +87,7 @@ def test_shifted_frame_correlation_separates_real_motion_from_per_phase_drawings
   chex.assert_trees_all_close(shifted_frame_correlation(real), {k: 1.0 for k in range(1, 8)},
                               atol=1e-9)
   # Four different digits, one per sub-patch phase, each repeated 4 frames later one patch
-  # (4 px) to the right: what the README measured on generated clips.
+  # (4 px) to the right: what docs/results.md §4 measured on generated clips.
   phases = [moving_digits.constant_clip(held_x[i], "right", np.random.default_rng(1)).frames
             for i in range(4)]
   mixed = np.stack([np.stack([phases[f % 4][f] for f in range(8)])])
