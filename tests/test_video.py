@@ -434,7 +434,7 @@ def test_video_evaluation_runs_and_its_judges_see_real_clips(pipe, tmp_path):
 # Entry points.
 # ----------------------------------------------------------------------------------------
 def _run(args, timeout=300):
-  env = dict(os.environ, JAX_PLATFORMS="cpu", MOT_TCMALLOC="0")
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
   return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
                         timeout=timeout, env=env)
 
