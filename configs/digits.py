@@ -150,7 +150,13 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                                      # faster on CPUs with AVX512-BF16 or AMX:
                                      # docs/performance.md); "same": the compute dtype
   c.model.param_dtype = "float32"    # parameter dtype
-  c.model.attention_impl = "auto"    # "auto": cuDNN flash attention on a GPU in bf16, else XLA
+  c.model.attention_impl = "auto"    # "auto": splash on a TPU, cuDNN flash attention on a GPU
+                                     # in bf16, blockwise from attention_blockwise_min_length
+                                     # keys, else XLA; or "xla" | "cudnn" | "blockwise" | "splash"
+  c.model.attention_block_q = 512    # blockwise/splash: queries per tile
+  c.model.attention_block_kv = 512   # blockwise/splash: keys per tile
+  c.model.attention_blockwise_min_length = 4096  # "auto": blockwise from this many keys a row
+                                     # (docs/performance_long_rows.md)
 
   # ---- Sampling defaults (sample.py, evaluation). ----
   c.sample = ml_collections.ConfigDict()

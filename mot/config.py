@@ -18,7 +18,7 @@ from mot.errors import ConfigError, field  # noqa: F401  (mot.config.ConfigError
 
 EXPERT_MODES = ("shared", "mode", "modality")
 EXPERT_IMPLS = ("auto", "tiled", "ragged")
-ATTENTION_IMPLS = ("auto", "xla", "cudnn")
+ATTENTION_IMPLS = ("auto", "xla", "cudnn", "blockwise", "splash")
 MATMUL_DTYPES = ("float32", "bfloat16", "float16")   # besides "same"
 
 
@@ -51,7 +51,10 @@ class ModelConfig:
   param_dtype: str
   norm_eps: float
   dropout_rate: float                    # residual dropout in training
-  attention_impl: str                    # "auto" | "xla" | "cudnn"
+  attention_impl: str                    # "auto" | "xla" | "cudnn" | "blockwise" | "splash"
+  attention_block_q: int                 # blockwise/splash: queries per tile
+  attention_block_kv: int                # blockwise/splash: keys per tile
+  attention_blockwise_min_length: int    # "auto" runs blockwise from this many keys
 
   @property
   def num_modalities(self) -> int:
@@ -143,6 +146,14 @@ def validate_model(m: ModelConfig) -> None:
     _check(jax.default_backend() == "gpu",
            f"config.model.attention_impl='cudnn' needs a GPU, but JAX runs on "
            f"{jax.default_backend()!r}: use 'auto' or 'xla'")
+  if m.attention_impl == "splash":
+    _check(jax.default_backend() == "tpu",
+           f"config.model.attention_impl='splash' needs a TPU, but JAX runs on "
+           f"{jax.default_backend()!r}: use 'blockwise' (or 'auto')")
+  for name in ("attention_block_q", "attention_block_kv", "attention_blockwise_min_length"):
+    value = getattr(m, name)
+    _check(isinstance(value, int) and not isinstance(value, bool) and value > 0,
+           f"config.model.{name}={value!r} must be a positive integer (tokens)")
   _check(isinstance(m.scan_unroll, int) and not isinstance(m.scan_unroll, bool)
          and (m.scan_unroll > 0 or m.scan_unroll == -1),
          f"config.model.scan_unroll={m.scan_unroll!r} must be a positive integer (blocks per "

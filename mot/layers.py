@@ -14,7 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from mot import experts, matmul, rope
+from mot import attention, experts, matmul, rope
 from mot.config import ModelConfig
 
 Array = jax.Array
@@ -98,7 +98,8 @@ class Attention(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x: Array, rotary: tuple[Array, Array], mask: Array, cache=None,
+  def __call__(self, x: Array, rotary: tuple[Array, Array],
+               mask: attention.AttentionMask, cache=None,
                cache_index=None, groups: experts.Groups | None = None):
     cfg = self.cfg
     d, h, kv, hd = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -114,68 +115,16 @@ class Attention(nn.Module):
     q, k = rope.rotate(q, *rotary), rope.rotate(k, *rotary)
     if cache is None:
       new_kv = None
-      out = jax.nn.dot_product_attention(q, k.astype(dt), v.astype(dt), mask=mask,
-                                         implementation=attention_implementation(cfg, q))
+      out = attention.attend(q, k.astype(dt), v.astype(dt), mask)
     else:
       new_kv = {"k": k.astype(cache["k"].dtype), "v": v.astype(cache["v"].dtype)}
-      out = cached_attention(q, new_kv, cache, cache_index, mask).astype(dt)
+      out = attention.attend_cached(q, new_kv, cache, cache_index, mask).astype(dt)
     out = nn.with_logical_constraint(out, ("activation_batch", "activation_length",
                                            "activation_heads", "activation_kv"))
     if groups is not None:
       out = groups.dispatch(out)
     out = Linear(cfg, (d,), ("heads", "kv", "embed"), in_dims=2, name="out")(out, groups)
     return out, new_kv
-
-
-def attention_implementation(cfg: ModelConfig, q: Array) -> str:
-  """Which `jax.nn.dot_product_attention` kernel runs: "xla" or "cudnn".
-
-  JAX's own default (implementation=None) is XLA's einsum + softmax on every backend, so
-  "auto" chooses here: cuDNN's fused flash-attention kernel wherever it applies (a GPU of
-  compute capability >= 8.0, bf16/fp16 compute, head_dim a multiple of 8 and <= 128, an
-  even sequence length: the conditions of jax._src.cudnn for a masked training step),
-  XLA everywhere else (CPU, TPU, float32 on a GPU). q: [B, L, H, D] in compute dtype.
-  """
-  if cfg.attention_impl != "auto":
-    return cfg.attention_impl
-  if jax.default_backend() != "gpu" or q.dtype not in (jnp.bfloat16, jnp.float16):
-    return "xla"
-  head_dim, length = q.shape[-1], q.shape[1]
-  if head_dim % 8 or head_dim > 128 or length % 2:
-    return "xla"
-  capability = getattr(jax.local_devices()[0], "compute_capability", "0")
-  return "cudnn" if float(capability) >= 8.0 else "xla"
-
-
-def cached_attention(q: Array, new_kv: dict, cache: dict, cache_index, mask: Array) -> Array:
-  """Attention of L new queries over the old cache and their own new keys/values.
-
-  q [B, L, H, D]; new_kv k, v [B, L, K, D]; cache k, v [B, Lmax, K, D] (read only: the
-  caller writes new_kv into slots [cache_index, cache_index + L) once, for all layers, so
-  a decode step never copies the whole cache); mask bool [B, 1, L, Lmax] over the cache
-  slots, the new tokens' own slots included. Returns float32 [B, L, H, D], equal to
-  attention over the updated cache.
-  """
-  b, l, h, d = q.shape
-  kv_heads = new_kv["k"].shape[2]
-  lmax = cache["k"].shape[1]
-  f32 = jnp.float32
-  qg = q.astype(f32).reshape(b, l, kv_heads, h // kv_heads, d) * (d ** -0.5)
-  slots = jnp.arange(lmax)
-  stale = (slots >= cache_index) & (slots < cache_index + l)  # Not yet written.
-  mask_old = mask[:, 0] & ~stale                                           # [B, L, Lmax]
-  mask_new = jax.lax.dynamic_slice_in_dim(mask[:, 0], cache_index, l, axis=2)  # [B, L, L]
-  logits = jnp.concatenate(
-      [jnp.einsum("bqkgd,bskd->bkgqs", qg, cache["k"].astype(f32)),
-       jnp.einsum("bqkgd,bskd->bkgqs", qg, new_kv["k"].astype(f32))], axis=-1)
-  allowed = jnp.concatenate([mask_old, mask_new], axis=-1)[:, None, None]  # [B,1,1,L,S]
-  # Same convention as jax.nn.dot_product_attention: masked logits get a large negative
-  # number (a query with no allowed key averages uniformly instead of producing NaN).
-  logits = jnp.where(allowed, logits, -0.7 * jnp.finfo(f32).max)
-  probs = jax.nn.softmax(logits, axis=-1)
-  out = (jnp.einsum("bkgqs,bskd->bqkgd", probs[..., :lmax], cache["v"].astype(f32))
-         + jnp.einsum("bkgqs,bskd->bqkgd", probs[..., lmax:], new_kv["v"].astype(f32)))
-  return out.reshape(b, l, h, d)
 
 
 def swiglu_autodiff(gate_up: Array) -> Array:

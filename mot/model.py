@@ -16,7 +16,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from mot import experts, layers, masks, matmul, rope
+from mot import attention, experts, layers, masks, matmul, rope
 from mot.config import ModelConfig
 
 Array = jax.Array
@@ -235,7 +235,8 @@ class MoT(nn.Module):
     t_emb = layers.constrain(self.time_embedding(inputs.timesteps), ACTIVATION)
     x = self.embed(inputs, t_emb)
     key_ids = inputs.mask_ids if cache is None else cache_ids
-    mask = masks.attention_mask(inputs.mask_ids, key_ids)
+    # Once per pass: the dense mask only where a dense kernel runs, else the ids.
+    mask = attention.make_mask(self.cfg, inputs.mask_ids, key_ids, cached=cache is not None)
     groups = experts.group_tokens(self.cfg, inputs.modality, inputs.mask_ids.noised)
     h, new_cache = self.backbone(x, inputs.positions, mask, cache, cache_index, groups)
     return h, t_emb, new_cache

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mot import layers
+from mot import attention
 from mot.config import ConfigError, validate_model
 from mot.model import MoT, inputs_from_batch
 from tests.test_model import CFG, layout_batch
@@ -38,18 +38,18 @@ def q_of(dtype, length=32, head_dim=16):
 @pytest.mark.skipif(ON_GPU, reason="checks the choice on a machine without a GPU")
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_auto_is_xla_without_a_gpu(dtype):
-  assert layers.attention_implementation(CFG, q_of(dtype)) == "xla"
+  assert attention.attention_implementation(CFG, q_of(dtype)) == "xla"
 
 
 def test_explicit_choice_is_kept():
-  assert layers.attention_implementation(dataclasses.replace(CFG, attention_impl="xla"),
+  assert attention.attention_implementation(dataclasses.replace(CFG, attention_impl="xla"),
                                          q_of(jnp.bfloat16)) == "xla"
 
 
 @pytest.mark.parametrize("head_dim,length,dtype", [(16, 32, jnp.float32), (136, 32, jnp.bfloat16),
                                                    (12, 32, jnp.bfloat16), (16, 33, jnp.bfloat16)])
 def test_auto_falls_back_to_xla_where_cudnn_does_not_apply(head_dim, length, dtype):
-  assert layers.attention_implementation(CFG, q_of(dtype, length, head_dim)) == "xla"
+  assert attention.attention_implementation(CFG, q_of(dtype, length, head_dim)) == "xla"
 
 
 def test_bad_attention_impl_is_a_config_error():
@@ -68,7 +68,7 @@ def test_bad_attention_impl_is_a_config_error():
 def test_cudnn_equals_xla_on_a_packed_row_forward_and_backward():
   batch = jax.tree.map(jnp.asarray, packed_batch())
   cfg16 = dataclasses.replace(CFG, dtype="bfloat16")
-  assert layers.attention_implementation(cfg16, q_of(jnp.bfloat16)) == "cudnn"
+  assert attention.attention_implementation(cfg16, q_of(jnp.bfloat16)) == "cudnn"
   params = MoT(cfg16).init(jax.random.PRNGKey(0), inputs_from_batch(batch))["params"]
   params = jax.tree.map(lambda p: p + 0.02 * jax.random.normal(jax.random.PRNGKey(1), p.shape),
                         params)

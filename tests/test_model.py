@@ -198,7 +198,7 @@ def test_cached_attention_equals_attention_over_updated_cache(cache_index, new):
   """The cache path never writes the cache itself; its output must equal plain
   attention over the cache with the new keys/values written in, for GQA and any mask
   (a query that may see nothing only has to stay finite)."""
-  from mot import layers
+  from mot import attention
   rng = np.random.default_rng(0)
   b, lmax, h, kv, d = 2, 12, 4, 2, 8
   q = jnp.asarray(rng.standard_normal((b, new, h, d)), jnp.float32)
@@ -212,7 +212,7 @@ def test_cached_attention_equals_attention_over_updated_cache(cache_index, new):
   # Full float32 matmuls: on a GPU JAX's default is TF32 (10-bit mantissa), and the two
   # paths' different contraction orders then differ by ~1e-4 (seen on an H200).
   with jax.default_matmul_precision("float32"):
-    got = layers.cached_attention(q, new_kv, cache, cache_index, mask)
+    got = attention.cached_attention(q, new_kv, cache, cache_index, mask)
     full = {n: jax.lax.dynamic_update_slice(cache[n], new_kv[n], (0, cache_index, 0, 0))
             for n in ("k", "v")}
     want = jax.nn.dot_product_attention(q, full["k"], full["v"], mask=mask)
