@@ -151,16 +151,21 @@ def active_params(boxed_params) -> tuple[float, int]:
   return passed, embedding
 
 
-def attended_context(batch) -> float:
-  """Mean number of keys a real query may attend to, under the model's mask rule."""
+def attended_context(batch, chunk: int = 1024) -> float:
+  """Mean number of keys a real query may attend to, under the model's mask rule
+  (`chunk` queries at a time, so a 16k-token row needs no [L, L] array)."""
+  import jax
   import numpy as np
   from mot import masks
   ids = masks.MaskIds.from_fields(np.asarray(batch["segment_ids"]),
                                   np.asarray(batch["block_ids"]),
                                   np.asarray(batch["dm_mask"]) > 0)
-  allowed = np.asarray(masks.attention_mask(ids, ids))[:, 0]   # [B, Lq, Lk]
+  length = ids.segment.shape[1]
+  counts = np.concatenate([np.asarray(masks.attention_mask(
+      jax.tree.map(lambda a, s=start: a[:, s:s + chunk], ids), ids)[:, 0].sum(-1))
+      for start in range(0, length, chunk)], axis=1)          # [B, Lq] keys per query
   real = np.asarray(batch["segment_ids"]) > 0
-  return float(allowed.sum(-1)[real].mean())
+  return float(counts[real].mean())
 
 
 def measure(config, steps: int = 30, warmup: int = 3, peak_size: int = 2048,

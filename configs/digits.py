@@ -155,7 +155,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                                      # keys, else XLA; or "xla" | "cudnn" | "blockwise" | "splash"
   c.model.attention_block_q = 512    # blockwise/splash: queries per tile
   c.model.attention_block_kv = 512   # blockwise/splash: keys per tile
-  c.model.attention_blockwise_min_length = 4096  # "auto": blockwise from this many keys a row
+  c.model.attention_blockwise_min_length = 1024  # "auto": blockwise from this many keys a row
                                      # (docs/performance_long_rows.md)
 
   # ---- Sampling defaults (sample.py, evaluation). ----

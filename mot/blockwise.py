@@ -121,6 +121,33 @@ class Tiles(NamedTuple):
   k_ids: masks.MaskIds
 
 
+def query_blocks(x: Array, block: int, kv_heads: int) -> Array:
+  """Queries [B, L, H, ...] -> [nq, B, block, K, G, ...] (padded; heads grouped by kv head)."""
+  b, l, h = x.shape[:3]
+  length = -(-l // block) * block
+  grouped = _pad_to(x, length).reshape((b, length, kv_heads, h // kv_heads) + x.shape[3:])
+  return _blocks(grouped, block)
+
+
+def unquery_blocks(x: Array, length: int) -> Array:
+  """[nq, B, block, K, G, ...] -> [B, length, K * G, ...]."""
+  x = _unblocks(x)
+  return x.reshape(x.shape[:2] + (-1,) + x.shape[4:])[:, :length]
+
+
+def tile(q: Array, k: Array, v: Array, q_ids, k_ids, block_q: int, block_kv: int) -> Tiles:
+  """[B, L, ...] operands -> `Tiles` (lengths padded to the blocks)."""
+  k_len = -(-k.shape[1] // block_kv) * block_kv
+  return Tiles(q=query_blocks(q, block_q, k.shape[2]),
+               k=_blocks(_pad_to(k, k_len), block_kv), v=_blocks(_pad_to(v, k_len), block_kv),
+               q_ids=_blocked_ids(q_ids, block_q), k_ids=_blocked_ids(k_ids, block_kv))
+
+
+def untile(x: Array, length: int) -> Array:
+  """Blocked stats layout [nq, B, K, G, bq, ...] -> [B, length, K * G, ...]."""
+  return unquery_blocks(jnp.moveaxis(x, 4, 2), length)
+
+
 def _tile_logits(qt: Array, kt: Array, qid, kid, scale: float) -> tuple[Array, Array]:
   """Scaled logits float32 [B, K, G, bq, bk] and the rule's bool [B, 1, 1, bq, bk]."""
   s = jnp.einsum("bqkgd,bskd->bkgqs", qt, kt, preferred_element_type=jnp.float32) * scale
@@ -162,6 +189,15 @@ def softmax_stats(tiles: Tiles, order: Array, count: Array, scale: float):
   return jax.lax.map(one_query_block, (tiles.q, tiles.q_ids, order, count))
 
 
+def stats(q, k, v, q_ids, k_ids, block_q: int, block_kv: int):
+  """`softmax_stats` of q [B, Lq, H, D] over k, v [B, Lk, K, D] (blocks dividing neither
+  length are fine: padded), skipping the tiles `live_tiles` rules out."""
+  tiles = tile(q, k, v, q_ids, k_ids, block_q, block_kv)
+  order, count = live_order(live_tiles(_summary_layout(tiles.q_ids),
+                                       _summary_layout(tiles.k_ids)))
+  return softmax_stats(tiles, order, count, q.shape[-1] ** -0.5)
+
+
 def merge_stats(a, b):
   """Online-softmax stats of two key sets -> those of their union."""
   (ma, la, acca), (mb, lb, accb) = a, b
@@ -181,33 +217,6 @@ def normalise(m, l, acc, fallback: Array):
   return out, lse, seen
 
 
-def query_blocks(x: Array, block: int, kv_heads: int) -> Array:
-  """Queries [B, L, H, ...] -> [nq, B, block, K, G, ...] (padded; heads grouped by kv head)."""
-  b, l, h = x.shape[:3]
-  length = -(-l // block) * block
-  grouped = _pad_to(x, length).reshape((b, length, kv_heads, h // kv_heads) + x.shape[3:])
-  return _blocks(grouped, block)
-
-
-def unquery_blocks(x: Array, length: int) -> Array:
-  """[nq, B, block, K, G, ...] -> [B, length, K * G, ...]."""
-  x = _unblocks(x)
-  return x.reshape(x.shape[:2] + (-1,) + x.shape[4:])[:, :length]
-
-
-def tile(q: Array, k: Array, v: Array, q_ids, k_ids, block_q: int, block_kv: int) -> Tiles:
-  """[B, L, ...] operands -> `Tiles` (lengths padded to the blocks)."""
-  k_len = -(-k.shape[1] // block_kv) * block_kv
-  return Tiles(q=query_blocks(q, block_q, k.shape[2]),
-               k=_blocks(_pad_to(k, k_len), block_kv), v=_blocks(_pad_to(v, k_len), block_kv),
-               q_ids=_blocked_ids(q_ids, block_q), k_ids=_blocked_ids(k_ids, block_kv))
-
-
-def untile(x: Array, length: int) -> Array:
-  """Blocked stats layout [nq, B, K, G, bq, ...] -> [B, length, K * G, ...]."""
-  return unquery_blocks(jnp.moveaxis(x, 4, 2), length)
-
-
 # ----------------------------------------------------------------------------------------
 # The differentiable attention.
 # ----------------------------------------------------------------------------------------
@@ -223,15 +232,6 @@ def attention(q: Array, k: Array, v: Array, q_ids: masks.MaskIds, k_ids: masks.M
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
 def _attention(q, k, v, q_ids, k_ids, block_q, block_kv):
   return _forward(q, k, v, q_ids, k_ids, block_q, block_kv)[0]
-
-
-def stats(q, k, v, q_ids, k_ids, block_q: int, block_kv: int):
-  """`softmax_stats` of q [B, Lq, H, D] over k, v [B, Lk, K, D] (blocks dividing neither
-  length are fine: padded), skipping the tiles `live_tiles` rules out."""
-  tiles = tile(q, k, v, q_ids, k_ids, block_q, block_kv)
-  order, count = live_order(live_tiles(_summary_layout(tiles.q_ids),
-                                       _summary_layout(tiles.k_ids)))
-  return softmax_stats(tiles, order, count, q.shape[-1] ** -0.5)
 
 
 def _forward(q, k, v, q_ids, k_ids, block_q, block_kv):

@@ -146,14 +146,7 @@ def validate_model(m: ModelConfig) -> None:
     _check(jax.default_backend() == "gpu",
            f"config.model.attention_impl='cudnn' needs a GPU, but JAX runs on "
            f"{jax.default_backend()!r}: use 'auto' or 'xla'")
-  if m.attention_impl == "splash":
-    _check(jax.default_backend() == "tpu",
-           f"config.model.attention_impl='splash' needs a TPU, but JAX runs on "
-           f"{jax.default_backend()!r}: use 'blockwise' (or 'auto')")
-  for name in ("attention_block_q", "attention_block_kv", "attention_blockwise_min_length"):
-    value = getattr(m, name)
-    _check(isinstance(value, int) and not isinstance(value, bool) and value > 0,
-           f"config.model.{name}={value!r} must be a positive integer (tokens)")
+  validate_tiled_attention(m)
   _check(isinstance(m.scan_unroll, int) and not isinstance(m.scan_unroll, bool)
          and (m.scan_unroll > 0 or m.scan_unroll == -1),
          f"config.model.scan_unroll={m.scan_unroll!r} must be a positive integer (blocks per "
@@ -162,6 +155,18 @@ def validate_model(m: ModelConfig) -> None:
     _check(hasattr(jax.checkpoint_policies, m.remat_policy),
            f"config.model.remat_policy={m.remat_policy!r} is not in jax.checkpoint_policies: "
            "use 'none', 'nothing_saveable' or 'dots_with_no_batch_dims_saveable'")
+
+
+def validate_tiled_attention(m: ModelConfig) -> None:
+  """The blockwise/splash fields: tile sizes, the "auto" length, splash's TPU."""
+  if m.attention_impl == "splash":
+    _check(jax.default_backend() == "tpu",
+           f"config.model.attention_impl='splash' needs a TPU, but JAX runs on "
+           f"{jax.default_backend()!r}: use 'blockwise' (or 'auto')")
+  for name in ("attention_block_q", "attention_block_kv", "attention_blockwise_min_length"):
+    value = getattr(m, name)
+    _check(isinstance(value, int) and not isinstance(value, bool) and value > 0,
+           f"config.model.{name}={value!r} must be a positive integer (tokens)")
 
 
 def _is_int(x) -> bool:

@@ -63,6 +63,8 @@ def test_attended_context_counts_allowed_keys_per_real_query():
            "dm_mask": np.zeros((1, 6), np.float32)}
   # Text queries see 1, 2, 3 keys; each block token sees both block tokens.
   assert train_throughput.attended_context(batch) == (1 + 2 + 3 + 2 + 2) / 5
+  # Queries a chunk at a time (long rows): the same count.
+  assert train_throughput.attended_context(batch, chunk=4) == (1 + 2 + 3 + 2 + 2) / 5
 
 
 def test_active_params_skips_the_token_table_and_selects_one_modality():
@@ -375,3 +377,21 @@ def test_hlo_dots_reads_operand_dtypes_flops_and_layouts():
   summary = hlo_dots.summarize(dots)
   assert summary["flops_by_operands"]["bf16 x bf16"] == dots[0]["flops"]
   assert summary["transposed_flops"] == summary["small_flops"] == dots[1]["flops"]
+
+
+def test_long_rows_runs_each_case_in_a_subprocess_and_tables_them():
+  """bench.long_rows on 128-token rows: one case run (memory, time, loss), one refused
+  by a memory bar it cannot meet (reported with XLA's bytes, not run)."""
+  proc = subprocess.run(
+      [sys.executable, "-m", "bench.long_rows", "--lengths", "128", "--impls", "blockwise",
+       "--steps", "1", "--warmup", "1"], cwd=ROOT, capture_output=True, text=True,
+      timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  (case,) = json.loads(proc.stdout.strip().splitlines()[-1])["cases"]
+  assert case["impl"] == "blockwise" and case["seq_len"] == 128 and case["fits"]
+  for key in ("step_s", "tokens_per_s", "peak_rss_gb", "xla_gb", "real_tokens"):
+    assert case[key] > 0, key
+  assert np.isfinite(case["loss"]) and "| blockwise | 128 (" in proc.stdout
+  from bench import long_rows
+  refused = dict(case, impl="xla", fits=False, xla_gb=14.1)
+  assert "14.10 GB | does not fit" in long_rows.table([refused], max_gb=6.0)
