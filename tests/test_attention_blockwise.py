@@ -142,13 +142,14 @@ def _model_outputs_and_grads(impl, batch, block_q=16, block_kv=16, **changes):
   return outputs, grads
 
 
-@pytest.mark.parametrize("block_q,block_kv,remat", [(16, 16, "none"), (12, 20, "none"),
-                                                    (24, 9, "nothing_saveable")])
-def test_model_equals_dense_outputs_and_param_and_input_gradients(block_q, block_kv, remat):
+@pytest.mark.parametrize("block_q,block_kv,changes", [
+    (16, 16, {}), (12, 20, {}),
+    (24, 9, {"remat_policy": "nothing_saveable", "scan_layers": False})])
+def test_model_equals_dense_outputs_and_param_and_input_gradients(block_q, block_kv, changes):
   batch = random_batch(2, length=50)
-  want_out, want_grads = _model_outputs_and_grads("xla", batch, remat_policy=remat)
+  want_out, want_grads = _model_outputs_and_grads("xla", batch, **changes)
   got_out, got_grads = _model_outputs_and_grads("blockwise", batch, block_q, block_kv,
-                                                remat_policy=remat)
+                                                **changes)
   for want, got in zip(want_out, got_out):   # every position, padding included
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
   for want, got in zip(jax.tree.leaves(want_grads), jax.tree.leaves(got_grads)):
