@@ -8,8 +8,10 @@ gradients), for several block sizes (some dividing no length) and for the KV-cac
 Memory is checked from XLA's own analysis of the compiled programs, not from timings.
 """
 import dataclasses
+import functools
 import importlib
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -122,15 +124,28 @@ def test_live_tiles_cover_every_allowed_pair_and_skip_the_rest():
     assert live.sum() <= 0.6 * live.size, (seed, live.sum())
 
 
-def _model_outputs_and_grads(impl, batch, block_q=16, block_kv=16, **changes):
+def random_params(model: MoT, inputs, seed: int = 0):
+  """Random parameters of every shape `model.init` makes, without compiling init (slow
+  on a CPU); nothing zero-initialised, so every parameter matters."""
+  shapes = nn.meta.unbox(jax.eval_shape(model.init, jax.random.PRNGKey(0), inputs))
+  rng = np.random.default_rng(seed)
+  fill = lambda path, leaf: jnp.asarray(
+      ("scale" in jax.tree_util.keystr(path)) + 0.1 * rng.standard_normal(leaf.shape),
+      leaf.dtype)
+  return jax.tree_util.tree_map_with_path(fill, shapes["params"])
+
+
+@functools.lru_cache(maxsize=8)
+def _model_outputs_and_grads(impl, block_q=16, block_kv=16, changes=()):
+  """Outputs and (parameter, patch) gradients of a loss over every position of
+  `random_batch(2, length=50)`; cached, so the dense reference is computed once."""
+  batch = random_batch(2, length=50)
   cfg = dataclasses.replace(CFG, attention_impl=impl, attention_block_q=block_q,
-                            attention_block_kv=block_kv, **changes)
+                            attention_block_kv=block_kv, **dict(changes))
   model = MoT(cfg)
   b = jax.tree.map(jnp.asarray, batch)
   t = jnp.where(b["dm_mask"] > 0, 0.6, 0.0)
-  params = model.init(jax.random.PRNGKey(0), inputs_from_batch(b))["params"]
-  params = jax.tree.map(lambda p: p + 0.05 * jax.random.normal(jax.random.PRNGKey(1), p.shape),
-                        params)
+  params = random_params(model, inputs_from_batch(b))
 
   def loss(p, patches):
     inputs = inputs_from_batch(b, patches=patches, timesteps=t, keep=b["keep"])
@@ -143,13 +158,11 @@ def _model_outputs_and_grads(impl, batch, block_q=16, block_kv=16, **changes):
 
 
 @pytest.mark.parametrize("block_q,block_kv,changes", [
-    (16, 16, {}), (12, 20, {}),
-    (24, 9, {"remat_policy": "nothing_saveable", "scan_layers": False})])
+    (16, 16, ()), (12, 20, ()),
+    (24, 9, (("remat_policy", "nothing_saveable"), ("scan_layers", False)))])
 def test_model_equals_dense_outputs_and_param_and_input_gradients(block_q, block_kv, changes):
-  batch = random_batch(2, length=50)
-  want_out, want_grads = _model_outputs_and_grads("xla", batch, **changes)
-  got_out, got_grads = _model_outputs_and_grads("blockwise", batch, block_q, block_kv,
-                                                **changes)
+  want_out, want_grads = _model_outputs_and_grads("xla", changes=changes)
+  got_out, got_grads = _model_outputs_and_grads("blockwise", block_q, block_kv, changes)
   for want, got in zip(want_out, got_out):   # every position, padding included
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
   for want, got in zip(jax.tree.leaves(want_grads), jax.tree.leaves(got_grads)):
@@ -267,8 +280,8 @@ def _prompts(seed: int, n: int) -> list[dict]:
 def test_cached_decoding_blockwise_equals_dense():
   dense, tiled = _sampling_model("xla"), _sampling_model("blockwise")
   batch = sampling.pad_left(_prompts(5, 3), length=40, batch=4)
-  params = dense.init(jax.random.PRNGKey(0), sampling._prompt_inputs(  # noqa: SLF001
-      jax.tree.map(jnp.asarray, batch)))["params"]
+  params = random_params(dense, sampling._prompt_inputs(  # noqa: SLF001
+      jax.tree.map(jnp.asarray, batch)))
   want_tokens, want_logits = sampling.decode(dense, params, batch, 12, stop_tokens=[])
   got_tokens, got_logits = sampling.decode(tiled, params, batch, 12, stop_tokens=[])
   np.testing.assert_array_equal(got_tokens, want_tokens)
@@ -284,8 +297,8 @@ def test_cached_prefix_denoising_blockwise_equals_dense():
   prefix = sampling.pad_left([prefix, _prompts(6, 1)[0]], length=40)
   block = sampling.block_arrays([block, block])
   noise = np.random.default_rng(0).normal(size=(2, 9, 4)).astype(np.float32)
-  params = dense.init(jax.random.PRNGKey(1), sampling._prompt_inputs(  # noqa: SLF001
-      jax.tree.map(jnp.asarray, prefix)))["params"]
+  params = random_params(dense, sampling._prompt_inputs(  # noqa: SLF001
+      jax.tree.map(jnp.asarray, prefix)), seed=1)
   kw = dict(steps=3, cfg_scale=2.0)
   want = sampling.denoise(dense, params, prefix, block, noise, **kw)
   got = sampling.denoise(tiled, params, prefix, block, noise, **kw)
