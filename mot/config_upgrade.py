@@ -15,7 +15,7 @@ import ml_collections
 
 from mot.errors import CheckpointError
 
-CONFIG_VERSION = 1
+CONFIG_VERSION = 2
 VERSION_KEY = "config_version"
 
 # Fields read before version 1 with a fallback when a config lacked them: the fallback is
@@ -66,7 +66,18 @@ def _upgrade_to_v1(config: dict) -> None:
   _fill(config.setdefault("model", {}), _V1_MODEL)
 
 
-_UPGRADES = {0: _upgrade_to_v1}   # version v -> the function that makes it v + 1
+# Version 2 added the tiled attention kernels. Before it "auto" never ran blockwise, as
+# with a threshold no row reaches; the tile sizes are read only by blockwise and splash.
+_V2_MODEL = {"attention_block_q": 512, "attention_block_kv": 512,
+             "attention_blockwise_min_length": 2 ** 31 - 1}
+
+
+def _upgrade_to_v2(config: dict) -> None:
+  """Version 1 -> 2: the blockwise/splash attention fields."""
+  _fill(config.setdefault("model", {}), _V2_MODEL)
+
+
+_UPGRADES = {0: _upgrade_to_v1, 1: _upgrade_to_v2}   # version v -> makes it v + 1
 
 
 def saved_form(config: ml_collections.ConfigDict) -> dict[str, Any]:

@@ -22,9 +22,10 @@ from mot.config import ConfigError, ModelConfig, validate_model
 from mot.data import packing
 from mot.data.builder import SequenceBuilder
 from mot.model import MoT, inputs_from_batch
+from tests._models import model_config
 
-CFG = ModelConfig(d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
-                  rope_sections=(1, 1, 2), mlp_dim=64, time_embed_dim=16, patch_dim=4)
+CFG = model_config(d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
+                   rope_sections=(1, 1, 2), mlp_dim=64, time_embed_dim=16, patch_dim=4)
 
 
 def random_example(rng: np.random.Generator) -> dict:
