@@ -6,9 +6,9 @@
 
 Every case trains `configs/digits.py:tiny` on one packed row (`batch_size=1`) of
 `seq_len` tokens holding 300 examples per 16,384 tokens, as `train.py` runs it
-(`mot.train_lib.build_training`, the grain pipeline, tcmalloc where train.py preloads it),
-in a fresh subprocess, so that its
-peak resident memory (getrusage's ru_maxrss: compilation included) is its own. A case
+(`mot.train_lib.build_training`, the grain pipeline, `mot.cli.tune_malloc`), in a fresh
+subprocess, so that its peak resident memory (getrusage's ru_maxrss: compilation
+included) is its own. A case
 first compiles the train step and reads XLA's memory analysis (arguments + outputs -
 donated + temporaries); when that exceeds --max_gb it is reported as not fitting, with
 the bytes it needs, and not run (the machine may be shared). Otherwise --warmup untimed
@@ -152,5 +152,5 @@ def main(argv):
 if __name__ == "__main__":
   define_flags()
   from mot import cli
-  cli.maybe_reexec_with_tcmalloc()  # as train.py: measure the memory a training run uses
+  cli.tune_malloc()  # as train.py: measure the memory a training run uses (mot/cli.py)
   cli.run(main)
