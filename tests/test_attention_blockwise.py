@@ -305,18 +305,3 @@ def test_cached_prefix_denoising_blockwise_equals_dense():
   got = sampling.denoise(tiled, params, prefix, block, noise, **kw)
   np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
 
-
-def test_older_checkpoint_configs_gain_the_fields_and_keep_their_kernel():
-  """A config saved before the tiled kernels (version 1) lacks their fields; upgraded,
-  it validates and "auto" still never runs blockwise, as that version ran."""
-  from configs import digits
-  from mot import config_upgrade
-  saved = dict(config_upgrade.saved_form(digits.get_config("tiny")), config_version=1)
-  for name in ("attention_block_q", "attention_block_kv", "attention_blockwise_min_length"):
-    del saved["model"][name]
-  cfg = ModelConfig.from_config(config_upgrade.upgrade_config(saved).model)
-  validate_model(cfg)
-  q = jax.ShapeDtypeStruct((1, 65536, cfg.num_heads, cfg.head_dim), jnp.float32)
-  assert attention.attention_implementation(cfg, q) != "blockwise"
-  current = config_upgrade.upgrade_config(config_upgrade.saved_form(digits.get_config("tiny")))
-  assert current.model.attention_blockwise_min_length == 1024

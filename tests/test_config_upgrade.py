@@ -1,7 +1,10 @@
 """Saved configs of older versions are read through one explicit upgrade."""
+import jax
+import jax.numpy as jnp
 import pytest
 
 from configs import digits, image_folder, moving_digits
+from mot import attention
 from mot import config as config_lib
 from mot import config_upgrade
 from mot.errors import CheckpointError
@@ -51,6 +54,18 @@ def test_a_version_0_video_config_keeps_the_one_block_layout():
   upgraded = config_upgrade.upgrade_config(saved)
   assert upgraded.data.video_layout == "clip" and upgraded.data.generation_start == "any"
   assert "read_window" not in upgraded.data          # image-only fields stay out of video
+
+
+def test_a_version_1_config_gains_the_tiled_attention_fields_and_keeps_its_kernel():
+  """Version 1 predates blockwise and splash: upgraded, "auto" never runs blockwise."""
+  saved = dict(config_upgrade.saved_form(CURRENT["digits"]), config_version=1)
+  for key in ("attention_block_q", "attention_block_kv", "attention_blockwise_min_length"):
+    del saved["model"][key]
+  upgraded = config_upgrade.upgrade_config(saved)
+  model = config_lib.validate(upgraded)
+  q = jax.ShapeDtypeStruct((1, 2 ** 20, model.num_heads, model.head_dim), jnp.float32)
+  assert attention.attention_implementation(model, q) != "blockwise"
+  assert (upgraded.model.attention_block_q, upgraded.model.attention_block_kv) == (512, 512)
 
 
 def test_a_newer_config_version_is_refused_in_one_line():
