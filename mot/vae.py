@@ -18,12 +18,12 @@ the file or tensor and the fix; nothing is written on failure.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import re
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -31,7 +31,8 @@ import safetensors
 import safetensors.numpy
 from absl import logging
 
-from mot.vae_layers import ACTIVATIONS, DOWN_BLOCK, UP_BLOCK, AutoencoderKL, VAEConfig
+from mot.vae_layers import (ACTIVATIONS, DOWN_BLOCK, UP_BLOCK, AutoencoderKL, VAEConfig,
+                            param_shapes)
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "diffusion_pytorch_model.safetensors"
@@ -66,12 +67,7 @@ class VAE:
     self.config = config
     self.params = params
     self.model = AutoencoderKL(config)
-    self._encode = jax.jit(lambda p, x: self.model.apply({"params": p}, x,
-                                                         method=AutoencoderKL.encode))
-    self._moments = jax.jit(lambda p, x: self.model.apply({"params": p}, x,
-                                                          method=AutoencoderKL.moments))
-    self._decode = jax.jit(lambda p, z: self.model.apply({"params": p}, z,
-                                                         method=AutoencoderKL.decode))
+    self._encode, self._moments, self._decode = _jitted(config.network)
 
   @property
   def latent_channels(self) -> int:
@@ -136,6 +132,16 @@ class VAE:
       raise VAEError(f"encode takes images [B, H, W, {c}] (NHWC, float32 in [-1, 1]), not "
                      f"shape {tuple(x.shape)}{hint}")
     return x
+
+
+@functools.lru_cache(maxsize=8)
+def _jitted(config: VAEConfig):
+  """Jitted (encode, moments, decode) of (params, x), shared by every VAE of one network
+  (a training loop that evaluates often, and its export, compile them once)."""
+  model = AutoencoderKL(config)
+  apply = lambda method: jax.jit(lambda p, x: model.apply({"params": p}, x, method=method))
+  return (apply(AutoencoderKL.encode), apply(AutoencoderKL.moments),
+          apply(AutoencoderKL.decode))
 
 
 def images_to_input(images) -> np.ndarray:
@@ -260,13 +266,7 @@ def _flat(tree: Any) -> dict[tuple[str, ...], Any]:
 
 def expected_tensors(config: VAEConfig) -> dict[str, tuple[tuple[str, ...], tuple[int, ...]]]:
   """{diffusers key: (Flax path, diffusers shape)} of every parameter `config` implies."""
-  model = AutoencoderKL(config)
-  size = 2 * config.downsample_factor
-  x = jax.ShapeDtypeStruct((1, size, size, config.in_channels), jnp.float32)
-  shapes = jax.eval_shape(
-      lambda r, x: nn.meta.unbox(model.init({"params": r, "sample": r}, x)),
-      jax.random.PRNGKey(0), x)
-  flat = _flat(shapes["params"])
+  flat = _flat(param_shapes(config))
   out = {}
   for path, s in flat.items():
     shape = s.shape

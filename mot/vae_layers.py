@@ -26,9 +26,11 @@ import dataclasses
 import functools
 import math
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Array = jax.Array
 
@@ -73,6 +75,14 @@ class VAEConfig:
   def downsample_factor(self) -> int:
     """Image pixels per latent pixel along each axis: 2 ** (levels - 1)."""
     return 2 ** (len(self.block_out_channels) - 1)
+
+  @property
+  def network(self) -> "VAEConfig":
+    """This config with the fields that do not change the network (the latent scaling,
+    statistics and informational fields) at their defaults: a key for compiled code."""
+    return dataclasses.replace(self, scaling_factor=VAEConfig.scaling_factor,
+                               shift_factor=None, latents_mean=None, latents_std=None,
+                               sample_size=VAEConfig.sample_size, force_upcast=True)
 
 
 def _conv_init(names):
@@ -274,3 +284,40 @@ class AutoencoderKL(nn.Module):
     mean, logvar = self.moments(x)
     eps = jax.random.normal(self.make_rng("sample"), mean.shape, mean.dtype)
     return self.decode(mean + jnp.exp(0.5 * logvar) * eps), mean, logvar
+
+
+# ----------------------------------------------------------------------------------------
+# Shapes and a fast initialisation.
+# ----------------------------------------------------------------------------------------
+def param_shapes(cfg: VAEConfig) -> dict:
+  """The parameter tree of AutoencoderKL(cfg) as ShapeDtypeStructs (no compute)."""
+  return _param_shapes(cfg.network)
+
+
+@functools.lru_cache(maxsize=16)
+def _param_shapes(cfg: VAEConfig) -> dict:
+  model = AutoencoderKL(cfg)
+  f = cfg.downsample_factor
+  x = jax.ShapeDtypeStruct((1, 2 * f, 2 * f, cfg.in_channels), jnp.float32)
+  init = lambda r, x: nn.meta.unbox(model.init({"params": r, "sample": r}, x)["params"])
+  return jax.eval_shape(init, jax.random.PRNGKey(0), x)
+
+
+def init_params(cfg: VAEConfig, rng: Array) -> dict:
+  """Parameters drawn as `AutoencoderKL(cfg).init` draws them (torch's defaults: kernels
+  and biases U(+-1 / sqrt(fan_in)), norm scales 1 and biases 0), from one random vector:
+  jitting `init` compiles one random-number program per parameter, ~10 s on 2 cores."""
+  flat = flax.traverse_util.flatten_dict(param_shapes(cfg))
+  sizes = {k: math.prod(v.shape) for k, v in flat.items()
+           if (*k[:-1], "scale") not in flat}
+  noise = np.asarray(jax.random.uniform(rng, (sum(sizes.values()),), jnp.float32, -1.0, 1.0))
+  out, offset = {}, 0
+  for key, s in sorted(flat.items()):
+    if key not in sizes:   # a GroupNorm's scale or bias
+      out[key] = np.full(s.shape, 1.0 if key[-1] == "scale" else 0.0, np.float32)
+      continue
+    fan_in = math.prod(flat[(*key[:-1], "kernel")].shape[:-1])
+    out[key] = noise[offset:offset + sizes[key]].reshape(s.shape) / np.float32(
+        math.sqrt(fan_in))
+    offset += sizes[key]
+  return jax.tree.map(jnp.asarray, flax.traverse_util.unflatten_dict(out))
