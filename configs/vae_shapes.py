@@ -46,9 +46,11 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
 
   # ---- Data. ----
   c.data = ml_collections.ConfigDict()
-  c.data.source = "blocks"           # images(split, n, seed) source: "blocks" (mot.data.blocks)
+  c.data.source = "shapes"           # images(split, n, seed) of mot.vae_train_lib.SOURCES:
+                                     # "shapes" (training stream; held out: the evaluation
+                                     # scenes, half of them with held-out pairs)
   c.data.image_size = 32             # images are image_size x image_size RGB
-  c.data.num_train = 20000           # training pool drawn once (one permutation per epoch)
+  c.data.num_train = 10000           # training pool drawn once (one permutation per epoch)
   c.data.num_heldout = 512           # held-out images for PSNR / KL and the latent statistics
 
   # ---- The autoencoder (diffusers AutoencoderKL fields). ----

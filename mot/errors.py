@@ -22,7 +22,12 @@ class InputError(ValueError):
   """A bad prompt, image, option or output path given to sampling or evaluation."""
 
 
-USER_ERRORS = (ConfigError, CheckpointError, TrainingError, InputError)
+class VAEError(ValueError):
+  """A VAE folder, config or input that cannot be used (mot.vae); the message names the
+  file or tensor and the fix."""
+
+
+USER_ERRORS = (ConfigError, CheckpointError, TrainingError, InputError, VAEError)
 
 
 def field(section, name: str, where: str = "config"):

@@ -31,6 +31,8 @@ import safetensors
 import safetensors.numpy
 from absl import logging
 
+from mot.errors import VAEError
+
 from mot.vae_layers import (ACTIVATIONS, DOWN_BLOCK, UP_BLOCK, AutoencoderKL, VAEConfig,
                             param_shapes)
 
@@ -46,10 +48,6 @@ DEPRECATED_ATTENTION = {"query": "to_q", "key": "to_k", "value": "to_v",
 
 __all__ = ["VAE", "VAEConfig", "VAEError", "config_from_diffusers", "images_to_input",
            "load_diffusers", "output_to_images", "save_diffusers"]
-
-
-class VAEError(ValueError):
-  """A VAE folder, config or input that cannot be used; the message names it and the fix."""
 
 
 # ----------------------------------------------------------------------------------------

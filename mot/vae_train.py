@@ -10,11 +10,7 @@ in mot.vae_train_lib.
 """
 from __future__ import annotations
 
-if __name__ == "__main__":  # before the imports below: a re-exec would pay them twice
-  from mot import cli as _cli  # pylint: disable=g-import-not-at-top
-  _cli.maybe_reexec_with_tcmalloc()  # as train.py
-
-from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import flags
 from ml_collections import config_flags
 
 from mot import cli
@@ -25,14 +21,10 @@ FLAGS = flags.FLAGS
 def main(argv):
   if len(argv) > 1:
     cli.fail(f"unexpected arguments {argv[1:]}: every option is a --flag (see --help)")
-  # After flag parsing: --help stays fast.
-  from mot import vae, vae_train_lib  # pylint: disable=g-import-not-at-top
+  from mot import vae_train_lib  # imports JAX: after tune_malloc, and --help stays fast
   cli.configure_logging()
   with cli.clean_errors():
-    try:
-      vae_train_lib.train_and_evaluate(FLAGS.config, FLAGS.workdir)
-    except vae.VAEError as e:
-      cli.fail(cli.one_line(e))
+    vae_train_lib.train_and_evaluate(FLAGS.config, FLAGS.workdir)
 
 
 def _define_flags():
@@ -46,5 +38,6 @@ def _define_flags():
 
 
 if __name__ == "__main__":
+  cli.tune_malloc()  # keep XLA's per-step CPU scratch memory (see mot/cli.py)
   _define_flags()
   cli.run(main)

@@ -39,17 +39,36 @@ from PIL import Image
 
 from mot import checkpoint as ckpt_lib
 from mot import vae as vae_lib
-from mot.config import ConfigError
-from mot.data import blocks
-from mot.train_lib import MetricsLog, learning_rate_schedule
+from mot.errors import ConfigError
+from mot.data import shapes, shapes_scene
+from mot.step import learning_rate_schedule
+from mot.train_lib import MetricsLog
 from mot.vae_layers import AutoencoderKL, VAEConfig, init_params
 
 RECON_LOSSES = ("l1", "l2")
 LATENT_STATS = ("none", "scale", "shift_and_scale")
 VAE_DIR = "vae"
 EVAL_FILE = "eval.json"
+
+
+def shapes_images(split: str, n: int, seed: int) -> np.ndarray:
+  """uint8 [n, 32, 32, 3] shapes scenes (mot.data.shapes). "train": scenes 0..n-1 of the
+  training stream of `seed` (no held-out pair, no evaluation scene); "heldout": the fixed
+  caption scenes of both evaluation splits (independent of `seed`), the first n // 2
+  in-distribution, the rest each with a held-out pair (e.g. a blue triangle), which the
+  VAE never saw."""
+  if split == "train":
+    scenes = [shapes.training_scene(seed, i) for i in range(n)]
+  elif split == "heldout":
+    scenes = (list(shapes.caption_set("in_distribution", n // 2))
+              + list(shapes.caption_set("heldout", n - n // 2)))
+  else:
+    raise ValueError(f"unknown split {split!r}: use 'train' or 'heldout'")
+  return np.stack([shapes_scene.render(s) for s in scenes])
+
+
 # config.data.source -> images(split, n, seed) -> uint8 [n, H, W, 3].
-SOURCES: dict[str, Callable[..., np.ndarray]] = {"blocks": blocks.images}
+SOURCES: dict[str, Callable[..., np.ndarray]] = {"shapes": shapes_images}
 
 
 @flax.struct.dataclass

@@ -13,8 +13,8 @@ from configs import vae_shapes
 from mot import checkpoint as ckpt_lib
 from mot import vae as vae_lib
 from mot import vae_train_lib
-from mot.config import ConfigError
-from mot.data import blocks
+from mot.data import shapes_scene
+from mot.errors import ConfigError
 from tests._procs import snapshot
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -49,7 +49,7 @@ def test_tiny_trains_and_exports(trained):
 
   vae = vae_lib.load_diffusers(os.path.join(workdir, vae_train_lib.VAE_DIR))
   assert vae.config.block_out_channels == tuple(config.vae.block_out_channels)
-  images = blocks.images("heldout", config.data.num_heldout, config.seed)
+  images = vae_train_lib.shapes_images("heldout", config.data.num_heldout, config.seed)
   x = vae_lib.images_to_input(images)
   z = vae.encode(x)
   assert z.shape == (len(images), 8, 8, config.vae.latent_channels)
@@ -104,15 +104,18 @@ def test_batches_are_a_permutation_per_epoch():
   assert not np.array_equal(vae_train_lib.batch_indices(1, 1, batch, pool), seen[:4])
 
 
-def test_blocks_source():
-  a = blocks.images("train", 5, 0)
-  assert a.shape == (5, 32, 32, 3) and a.dtype == np.uint8
-  np.testing.assert_array_equal(a, blocks.images("train", 5, 0))
-  assert not np.array_equal(a, blocks.images("heldout", 5, 0))
-  colours = {tuple(c) for c in a.reshape(-1, 3)}
-  assert colours <= {(0, 0, 0)} | {tuple(c) for c in blocks.PALETTE} and len(colours) > 1
+def test_shapes_source():
+  train = vae_train_lib.shapes_images("train", 6, 0)
+  assert train.shape == (6, 32, 32, 3) and train.dtype == np.uint8
+  np.testing.assert_array_equal(train, vae_train_lib.shapes_images("train", 6, 0))
+  assert not np.array_equal(train, vae_train_lib.shapes_images("train", 6, 1))
+  heldout = vae_train_lib.shapes_images("heldout", 6, 0)
+  np.testing.assert_array_equal(heldout, vae_train_lib.shapes_images("heldout", 6, 1))
+  assert not any(np.array_equal(h, t) for h in heldout for t in train)
+  colours = {tuple(c) for c in np.concatenate([train, heldout]).reshape(-1, 3)}
+  assert colours <= {(0, 0, 0)} | {tuple(c) for c in shapes_scene.PALETTE.values()}
   with pytest.raises(ValueError, match="unknown split"):
-    blocks.images("test", 1, 0)
+    vae_train_lib.shapes_images("test", 1, 0)
 
 
 BAD_CONFIGS = {
