@@ -23,10 +23,17 @@ The fixtures: vae_sd, SD-style (4 latent channels, quant convs, f=4, square 16x1
 vae_flux, FLUX-style (16 latent channels, no quant convs, shift_factor set, f=8, a
 non-square 16x24 input, two resnets per block).
 
-  /work/venv-golden/bin/python tools/make_golden_vae.py --check DIR
+  /work/venv-golden/bin/python tools/make_golden_vae.py --check DIR --against FILE.npz
 
-loads a folder written by mot.vae.save_diffusers (e.g. runs/vae_shapes/vae) with diffusers'
-from_pretrained and prints its output range on random images: the reverse direction.
+is the reverse direction: it loads a folder written by mot.vae.save_diffusers (e.g.
+runs/vae_shapes/vae) with diffusers' from_pretrained, encodes FILE.npz's `x` (NHWC) and
+decodes the posterior mean, and prints the relative errors against FILE.npz's `mean` and
+`decoded`, which mot wrote from the same folder:
+
+  /work/venv/bin/python -c "import numpy as np; from mot import vae; \
+    v = vae.load_diffusers('runs/vae_shapes/vae'); \
+    x = np.random.default_rng(0).uniform(-1, 1, (4, 32, 32, 3)).astype(np.float32); \
+    np.savez('/tmp/mot_vae.npz', x=x, mean=v.encode(x), decoded=v.decode(v.encode(x)))"
 """
 import argparse
 import os
@@ -113,22 +120,26 @@ def make(name: str, spec: dict, seed: int) -> None:
         f"mean std {posterior.mean.std():.3f}, decoded std {decoded.std():.3f}")
 
 
-def check(path: str) -> None:
+def check(path: str, against: str) -> None:
   model = AutoencoderKL.from_pretrained(path).eval()
-  f = 2 ** (len(model.config.block_out_channels) - 1)
-  x = torch.rand((2, model.config.in_channels, 4 * f, 4 * f)) * 2 - 1
+  ref = np.load(against)
+  x = torch.from_numpy(ref["x"]).permute(0, 3, 1, 2)
   with torch.no_grad():
-    y = model.decode(model.encode(x).latent_dist.mean).sample
-  print(f"{path}: diffusers loads it; {sum(p.numel() for p in model.parameters())} "
-        f"parameters; reconstruction of noise in [{y.min():.2f}, {y.max():.2f}]")
+    mean = model.encode(x).latent_dist.mean
+    decoded = model.decode(mean).sample
+  rel = lambda a, b: float(np.linalg.norm(nhwc(a) - b) / np.linalg.norm(b))
+  print(f"{path}: diffusers loads it ({sum(p.numel() for p in model.parameters())} "
+        f"parameters); relative error against {against}: mean "
+        f"{rel(mean, ref['mean']):.2e}, decoded {rel(decoded, ref['decoded']):.2e}")
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--check", help="a folder written by mot.vae.save_diffusers")
+  parser.add_argument("--against", help="with --check: mot's x, mean and decoded (.npz)")
   args = parser.parse_args()
   if args.check:
-    check(args.check)
+    check(args.check, args.against)
     return
   torch.manual_seed(0)
   os.makedirs(GOLDEN, exist_ok=True)
