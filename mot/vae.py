@@ -174,15 +174,17 @@ def config_from_diffusers(raw: Any, source: str) -> VAEConfig:
   if ignored:
     logging.warning("%s: ignoring fields that AutoencoderKL does not have: %s", source,
                     ", ".join(ignored))
-  levels = len(values.get("block_out_channels", VAEConfig.block_out_channels))
+  values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+  channels = values.get("block_out_channels", VAEConfig.block_out_channels)
+  if not isinstance(channels, tuple):
+    raise VAEError(f"{source}: block_out_channels={channels!r} must be a list of channel "
+                   "counts, one per resolution level")
+  levels = len(channels)
   for key, kind in (("down_block_types", DOWN_BLOCK), ("up_block_types", UP_BLOCK)):
     types = raw.get(key, [kind])
     if not isinstance(types, list) or any(t != kind for t in types) or len(types) != levels:
       raise VAEError(f"{source}: {key}={types!r} is not supported: mot's AutoencoderKL has "
                      f"one {kind} per entry of block_out_channels ({levels})")
-  for key in ("block_out_channels", "latents_mean", "latents_std"):
-    if isinstance(values.get(key), list):
-      values[key] = tuple(values[key])
   try:
     config = VAEConfig(**values)
   except TypeError as e:
