@@ -34,12 +34,25 @@ def golden(request):
           dict(np.load(os.path.join(GOLDEN, f"{name}.npz"))))
 
 
+def fixture_errors(vae, ref) -> dict[str, float]:
+  """Relative errors of mot against diffusers on one fixture (docs/results.md prints them:
+  python -c "from tests.test_vae import print_fixture_errors as p; p()")."""
+  mean, logvar = vae.moments(ref["x"])
+  return {"mean": rel_error(mean, ref["mean"]), "logvar": rel_error(logvar, ref["logvar"]),
+          "encode": rel_error(vae.encode(ref["x"]), ref["mean"]),
+          "decoded": rel_error(vae.decode(ref["z"]), ref["decoded"])}
+
+
+def print_fixture_errors():
+  for name in FIXTURES:
+    ref = dict(np.load(os.path.join(GOLDEN, f"{name}.npz")))
+    errors = fixture_errors(vae_lib.load_diffusers(os.path.join(GOLDEN, name)), ref)
+    print(name, " ".join(f"{k} {v:.1e}" for k, v in errors.items()))
+
+
 def test_matches_diffusers(golden):
   name, vae, ref = golden
-  mean, logvar = vae.moments(ref["x"])
-  errors = {"mean": rel_error(mean, ref["mean"]), "logvar": rel_error(logvar, ref["logvar"]),
-            "encode": rel_error(vae.encode(ref["x"]), ref["mean"]),
-            "decoded": rel_error(vae.decode(ref["z"]), ref["decoded"])}
+  errors = fixture_errors(vae, ref)
   assert max(errors.values()) < TOLERANCE, (name, errors)
   assert vae.encode(ref["x"]).shape == ref["mean"].shape
   assert vae.decode(ref["z"]).shape == ref["decoded"].shape
