@@ -28,12 +28,16 @@ from absl import app, flags
 import bench
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("workdir", None, "Checkpoint workdir (default: random weights of --config).")
-flags.DEFINE_string("config", "", "Variant of configs/digits.py for random weights ('' or tiny).")
-flags.DEFINE_list("contexts", ["64", "128", "256", "512", "1024"], "Context lengths (tokens).")
-flags.DEFINE_integer("new_tokens", 64, "Tokens decoded per timed run (after the first).")
-flags.DEFINE_integer("batch", 1, "Prompts decoded together.")
-flags.DEFINE_integer("reps", 7, "Timed repetitions per figure (the fastest is reported).")
+
+
+def define_flags() -> None:
+  """Flags only when run as a program (tests import this module beside other benches)."""
+  flags.DEFINE_string("workdir", None, "Checkpoint workdir (default: random weights of --config).")
+  flags.DEFINE_string("config", "", "Variant of configs/digits.py for random weights ('' or tiny).")
+  flags.DEFINE_list("contexts", ["64", "128", "256", "512", "1024"], "Context lengths (tokens).")
+  flags.DEFINE_integer("new_tokens", 64, "Tokens decoded per timed run (after the first).")
+  flags.DEFINE_integer("batch", 1, "Prompts decoded together.")
+  flags.DEFINE_integer("reps", 7, "Timed repetitions per figure (the fastest is reported).")
 
 
 def timed(fn, reps: int) -> float:
@@ -105,6 +109,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   from mot import cli
   cli.tune_malloc()  # keep XLA's per-step CPU scratch memory (see mot/cli.py)
   app.run(main)

@@ -21,11 +21,15 @@ from ml_collections import config_flags
 from mot import cli
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", "configs/digits.py", "Config file (and overrides); "
-                                "--config.model.experts names the variant against shared.",
-                                lock_config=True)
-flags.DEFINE_integer("steps", 30, "Timed steps per variant (after warm-up).")
-flags.DEFINE_integer("warmup", 3, "Untimed steps per variant after compilation.")
+
+
+def define_flags() -> None:
+  """Flags only when run as a program (tests import this module beside other benches)."""
+  config_flags.DEFINE_config_file("config", "configs/digits.py", "Config file (and overrides); "
+                                  "--config.model.experts names the variant against shared.",
+                                  lock_config=True)
+  flags.DEFINE_integer("steps", 30, "Timed steps per variant (after warm-up).")
+  flags.DEFINE_integer("warmup", 3, "Untimed steps per variant after compilation.")
 
 
 def _variant(config, experts: str, batches):
@@ -81,5 +85,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   cli.tune_malloc()  # keep XLA's per-step CPU scratch memory (see mot/cli.py)
   cli.run(main)

@@ -24,13 +24,17 @@ from absl import app, flags
 import bench
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("workdir", None, "Checkpoint workdir (default: random weights of --config).")
-flags.DEFINE_string("config", "", "Variant of configs/digits.py for random weights ('' or tiny).")
-flags.DEFINE_list("steps", ["16", "32"], "Denoising steps to measure.")
-flags.DEFINE_integer("samples_per_prompt", 20, "Images per digit prompt (10 prompts).")
-flags.DEFINE_float("cfg_scale", 2.0, "Guidance scale (!= 1: conditional + unconditional rows).")
-flags.DEFINE_enum("sampler", "euler", ["euler", "heun"], "ODE sampler (heun: 2 calls a step).")
-flags.DEFINE_integer("reps", 3, "Timed repetitions per figure (the fastest is reported).")
+
+
+def define_flags() -> None:
+  """Flags only when run as a program (tests import this module beside other benches)."""
+  flags.DEFINE_string("workdir", None, "Checkpoint workdir (default: random weights of --config).")
+  flags.DEFINE_string("config", "", "Variant of configs/digits.py for random weights ('' or tiny).")
+  flags.DEFINE_list("steps", ["16", "32"], "Denoising steps to measure.")
+  flags.DEFINE_integer("samples_per_prompt", 20, "Images per digit prompt (10 prompts).")
+  flags.DEFINE_float("cfg_scale", 2.0, "Guidance scale (!= 1: conditional + unconditional rows).")
+  flags.DEFINE_enum("sampler", "euler", ["euler", "heun"], "ODE sampler (heun: 2 calls a step).")
+  flags.DEFINE_integer("reps", 3, "Timed repetitions per figure (the fastest is reported).")
 
 
 def main(argv):
@@ -70,6 +74,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   from mot import cli
   cli.tune_malloc()  # keep XLA's per-step CPU scratch memory (see mot/cli.py)
   app.run(main)

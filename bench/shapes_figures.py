@@ -26,8 +26,12 @@ from mot.data import shapes_grammar as grammar
 from mot.data import shapes_scene
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("scenes", 10_000, "random scenes the detector reads")
-flags.DEFINE_integer("seed", 0, "seed of the scenes and perturbations")
+
+
+def define_flags() -> None:
+  """Flags only when run as a program (tests import this module beside other benches)."""
+  flags.DEFINE_integer("scenes", 10_000, "random scenes the detector reads")
+  flags.DEFINE_integer("seed", 0, "seed of the scenes and perturbations")
 
 
 def perturb(image: np.ndarray, scene: shapes_scene.Scene, rng) -> np.ndarray:
@@ -92,4 +96,5 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -23,9 +23,13 @@ from ml_collections import config_flags
 from mot import cli
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", "configs/bench.py:d512", "Config file (and "
-                                "overrides).", lock_config=True)
-flags.DEFINE_integer("steps", 12, "Timed calls per version (after one warm-up call).")
+
+
+def define_flags() -> None:
+  """Flags only when run as a program (tests import this module beside other benches)."""
+  config_flags.DEFINE_config_file("config", "configs/bench.py:d512", "Config file (and "
+                                  "overrides).", lock_config=True)
+  flags.DEFINE_integer("steps", 12, "Timed calls per version (after one warm-up call).")
 
 
 def main(argv):
@@ -80,5 +84,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   cli.tune_malloc()  # keep XLA's per-step CPU scratch memory (see mot/cli.py)
   cli.run(main)

@@ -60,14 +60,19 @@ from ml_collections import config_flags
 from mot import cli
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file(
-    "config", None, "Config file, e.g. configs/bench.py:peer; override fields with "
-    "--config.FIELD=VALUE.", lock_config=True)
-flags.DEFINE_integer("steps", 30, "Timed steps (the median is reported; use >= 20).")
-flags.DEFINE_integer("warmup", 3, "Untimed steps first (the first one compiles).")
-flags.DEFINE_integer("peak_size", 2048, "n of the n x n matmul (model.dtype) that measures "
-                     "the peak.")
-flags.DEFINE_integer("peak_reps", 10, "Timed repetitions of the peak matmul (median).")
+
+
+def define_flags() -> None:
+  """Flags only when run as a program (tests import this module beside other benches)."""
+  config_flags.DEFINE_config_file(
+      "config", None, "Config file, e.g. configs/bench.py:peer; override fields with "
+      "--config.FIELD=VALUE.", lock_config=True)
+  flags.DEFINE_integer("steps", 30, "Timed steps (the median is reported; use >= 20).")
+  flags.DEFINE_integer("warmup", 3, "Untimed steps first (the first one compiles).")
+  flags.DEFINE_integer("peak_size", 2048, "n of the n x n matmul (model.dtype) that measures "
+                       "the peak.")
+  flags.DEFINE_integer("peak_reps", 10, "Timed repetitions of the peak matmul (median).")
+
 
 COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
                   "/jax/core/compile/jaxpr_to_mlir_module_duration",
@@ -307,5 +312,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   cli.tune_malloc()  # keep XLA's per-step CPU scratch memory (see mot/cli.py)
   cli.run(main)

@@ -16,9 +16,13 @@ import numpy as np
 from absl import app, flags
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("workdir", None, "Moving-digits training workdir (newest checkpoint, EMA).")
-flags.DEFINE_integer("clips_per_digit", 3, "Clips generated per digit 0..9.")
-flags.DEFINE_integer("seed", 0, "Sampling seed.")
+
+
+def define_flags() -> None:
+  """Flags only when run as a program (tests import this module beside other benches)."""
+  flags.DEFINE_string("workdir", None, "Moving-digits training workdir (newest checkpoint, EMA).")
+  flags.DEFINE_integer("clips_per_digit", 3, "Clips generated per digit 0..9.")
+  flags.DEFINE_integer("seed", 0, "Sampling seed.")
 
 
 def shifted_frame_correlation(clips: np.ndarray) -> dict[int, float]:
@@ -69,6 +73,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   from mot import cli as _cli
   _cli.tune_malloc()  # keep XLA's per-step CPU scratch memory (see mot/cli.py)
   flags.mark_flag_as_required("workdir")

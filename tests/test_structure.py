@@ -155,3 +155,16 @@ def test_pyproject_dependencies_are_requirements_txt():
     deps = tomllib.load(f)["project"]["dependencies"]
   pins = [line.split("#")[0].strip() for line in open(os.path.join(ROOT, "requirements.txt"))]
   assert sorted(deps) == sorted(p for p in pins if p), "pyproject.toml and requirements.txt differ"
+
+
+def test_bench_flags_are_defined_only_when_run():
+  """Tests import several bench modules into one process; flags defined at import would
+  collide (absl's DuplicateFlagError), so each bench defines its flags in define_flags()."""
+  at_import = []
+  for path in _python_files("bench"):
+    for node in ast.parse(open(path).read()).body:
+      call = node.value if isinstance(node, (ast.Expr, ast.Assign)) else None
+      if isinstance(call, ast.Call) and re.match(r"(config_)?flags\.DEFINE",
+                                                 ast.unparse(call.func)):
+        at_import.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}")
+  assert not at_import, f"flags defined at import time: {at_import}"
