@@ -34,17 +34,17 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.variant = variant                # which variant of this file built the config
 
   # ---- Optimisation (whole run, evaluation included: docs/results_shapes.md). ----
-  c.num_train_steps = 2000           # total optimizer steps
+  c.num_train_steps = 1200           # total optimizer steps
   c.batch_size = 16                  # global batch in packed rows (~4 examples a row)
   c.learning_rate = 2e-3             # peak AdamW learning rate
   c.warmup_steps = 100               # linear warm-up steps, then cosine decay
   c.ema_decay = 0.998                # EMA of the parameters used for sampling (horizon
-                                     # ~500 steps: a quarter of the run)
+                                     # ~500 steps: the last part of the run)
   c.ar_loss_weight = 1.0             # weight of the next-token cross-entropy (answers and
                                      # captions are many tokens here, unlike one digit)
   c.cond_drop_prob = 0.1             # P(conditioning blanked) per example, for CFG
   c.log_every_steps = 50             # metrics.jsonl / progress-bar interval
-  c.eval_every_steps = 2000          # held-out losses and the shapes protocol (at the end)
+  c.eval_every_steps = 1200          # held-out losses and the shapes protocol (at the end)
   c.checkpoint_every_steps = 250     # orbax checkpoint interval (also at the end)
   c.eval_samples_per_digit = 1       # shapes: images per evaluation prompt (0: no protocol)
   c.eval_set_size = 32               # items per evaluation set: per GenEval category, per
@@ -81,7 +81,15 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
       "shapes_text": 0.05,           # relation caption "means" its converse (AR)
       "shapes_think_draw": 0.15})    # context image, prompt -> answer (AR) -> image (DM)
 
-  # ---- Model: as configs/digits.py, with RGB patches. ----
+  # ---- Model: narrower than configs/digits.py (the CPU budget), with RGB patches. ----
+  c.model.d_model = 192              # residual width
+  c.model.num_layers = 4             # transformer blocks
+  c.model.num_heads = 4              # query heads
+  c.model.num_kv_heads = 2           # key/value heads (grouped-query attention)
+  c.model.head_dim = 48              # per-head width
+  c.model.mlp_dim = 576              # SwiGLU hidden width
+  c.model.rope_sections = (8, 8, 8)  # M-RoPE frequencies for (t, h, w); sum = head_dim/2
+  c.model.time_embed_dim = 192       # sinusoidal timestep features
   c.model.patch_dim = c.data.get_ref("patch_dim")  # P, shared with the data
   c.model.modality_patch_dims = (0, PATCH_DIM, PATCH_DIM, 2)  # text/image/video/action
 
@@ -103,4 +111,12 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.data.examples_per_row = 1
     c.sample.context_length = 128
     c.sample.steps = 3
+    c.model.d_model = 64             # the digits' tiny model (seconds to compile)
+    c.model.num_layers = 2
+    c.model.num_heads = 2
+    c.model.num_kv_heads = 1
+    c.model.head_dim = 32
+    c.model.rope_sections = (4, 6, 6)
+    c.model.mlp_dim = 128
+    c.model.time_embed_dim = 64
   return c
