@@ -11,9 +11,10 @@ per question type, captioning, think-then-draw, Fréchet distance beside its flo
 
 Writes DIR/eval.json (one record per evaluated step, newest last) and
 DIR/samples/grid_step_N.png (one row per digit; Shapes: one row per split and category;
-video: one row per clip, one column per frame, plus clips_step_N.gif and world_model_step_N.gif: real held-out clips over the
-world model's predictions from their first frames and actions). train.py runs the same
-evaluation every `eval_every_steps` and at the end, on the in-memory EMA parameters.
+video: one row per clip, one column per frame, plus clips_step_N.gif and
+world_model_step_N.gif: real held-out clips over the world model's predictions from their
+first frames and actions). train.py runs the same evaluation every `eval_every_steps` and
+at the end, on the in-memory EMA parameters.
 """
 from __future__ import annotations
 
