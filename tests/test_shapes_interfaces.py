@@ -16,7 +16,7 @@ from configs import shapes as shapes_config
 from mot import config as config_lib
 from mot import eval_shapes, evaluate, shapes_features
 from mot.data import input_pipeline, shapes, shapes_grammar, shapes_scene, shapes_tasks
-from mot.errors import ConfigError
+from mot.errors import ConfigError, InputError
 from mot.pipeline import Pipeline
 from tests.test_sample_cli import run_sample, write_checkpoint
 
@@ -45,6 +45,19 @@ def test_sample_py_generate_writes_rgb_pngs_and_a_manifest(workdir, tmp_path):
   for record in manifest["samples"]:
     with Image.open(out / record["file"]) as png:
       assert png.mode == "RGB" and png.size == (32, 32)
+
+
+def test_sample_py_think_then_draw_reads_context_images(workdir, tmp_path):
+  context = tmp_path / "context.png"
+  Image.fromarray(shapes_scene.render(shapes.training_scene(0, 5)), "RGB").save(context)
+  out = tmp_path / "drawn"
+  run_sample(workdir, "think_then_draw", prompts=["draw the shape that is red:"],
+             images=[str(context)], out=str(out), steps=2)
+  record = json.loads((out / "manifest.json").read_text())["samples"][0]
+  assert isinstance(record["answer"], str) and (out / record["file"]).exists()
+  with pytest.raises(InputError, match="--images is for --mode reason, think_then_draw"):
+    run_sample(workdir, "generate", prompts=["a red square"], images=[str(context)],
+               out=str(tmp_path / "x"))
 
 
 def test_reason_takes_uint8_rgb_arrays_and_answers_in_strings(pipe):
