@@ -5,13 +5,16 @@
 
 Digits checkpoints get the digits protocol (`mot.eval_digits`: reasoning accuracy,
 generation accuracy by an independent judge, Fréchet distance beside its floor);
-moving-digits checkpoints the video protocol (`mot.eval_video`).
+moving-digits checkpoints the video protocol (`mot.eval_video`); Shapes checkpoints the
+Shapes protocol (`mot.eval_shapes`: GenEval-style generation scores by a detector, VQA
+per question type, captioning, think-then-draw, Fréchet distance beside its floor).
 
 Writes DIR/eval.json (one record per evaluated step, newest last) and
-DIR/samples/grid_step_N.png (one row per digit; video: one row per clip, one column per
-frame, plus clips_step_N.gif and world_model_step_N.gif: real held-out clips over the
-world model's predictions from their first frames and actions). train.py runs the same
-evaluation every `eval_every_steps` and at the end, on the in-memory EMA parameters.
+DIR/samples/grid_step_N.png (one row per digit; Shapes: one row per split and category;
+video: one row per clip, one column per frame, plus clips_step_N.gif and
+world_model_step_N.gif: real held-out clips over the world model's predictions from their
+first frames and actions). train.py runs the same evaluation every `eval_every_steps` and
+at the end, on the in-memory EMA parameters.
 """
 from __future__ import annotations
 
@@ -25,25 +28,31 @@ from absl import flags
 from mot import cli, media
 from mot.errors import InputError
 from mot.eval_digits import evaluate_digits
+from mot.eval_shapes import evaluate_shapes, format_line
 from mot.eval_video import evaluate_video
 
 EVAL_FILE = "eval.json"
 SAMPLES_DIR = "samples"
-PROTOCOLS = {"digits": evaluate_digits, "moving_digits": evaluate_video}
+PROTOCOLS = {"digits": evaluate_digits, "moving_digits": evaluate_video,
+             "shapes": evaluate_shapes}
 
 
 def evaluate_pipeline(pipe, samples_per_digit: int = 20, steps=None, cfg_scale=None,
-                      sampler=None, seed: int = 0, reason_shifts: int | None = None
-                      ) -> dict[str, Any]:
-  """The record of the protocol of the pipeline's data set (see PROTOCOLS)."""
+                      sampler=None, seed: int = 0, reason_shifts: int | None = None,
+                      set_size: int | None = None) -> dict[str, Any]:
+  """The record of the protocol of the pipeline's data set (see PROTOCOLS); set_size:
+  Shapes' items per evaluation set (None: config.eval_set_size)."""
   dataset = pipe.config.data.dataset
   if dataset not in PROTOCOLS:
     raise InputError(f"mot.evaluate has no protocol for config.data.dataset={dataset!r} "
                      f"(it has: {sorted(PROTOCOLS)})")
-  if dataset == "moving_digits":
+  if dataset in ("moving_digits", "shapes"):
     if reason_shifts:
-      raise InputError("--reason_shifts reads still images; this is a video checkpoint: "
-                       "drop it")
+      raise InputError(f"--reason_shifts applies to the digits; this is a {dataset} "
+                       "checkpoint: drop it")
+    if dataset == "shapes":  # samples_per_digit: images per evaluation prompt
+      return evaluate_shapes(pipe, samples_per_digit, steps, cfg_scale, sampler, seed,
+                             set_size)
     return evaluate_video(pipe, samples_per_digit, steps, cfg_scale, sampler, seed)
   return evaluate_digits(pipe, samples_per_digit, steps, cfg_scale, sampler, seed,
                          reason_shifts)
@@ -70,9 +79,15 @@ def write_sample_files(workdir: str, result: dict[str, Any]) -> np.ndarray:
   """Writes the record's samples (grid PNG, and GIFs for clips) under DIR/samples, adds
   their paths to the record and returns the grid image."""
   images = result.pop("_images")
-  step, per_digit = result["step"], result["samples_per_digit"]
+  step = result["step"]
   samples = os.path.join(workdir, SAMPLES_DIR)
   os.makedirs(samples, exist_ok=True)
+  result["grid"] = os.path.join(samples, f"grid_step_{step}.png")
+  if result.get("shapes"):  # one row per (split, category), its first images
+    grid_image = media.grid(images, rows=result.pop("_grid_rows"))
+    media.save_png(result["grid"], grid_image)
+    return grid_image
+  per_digit = result["samples_per_digit"]
   world_model = result.pop("_world_model_clips", None)
   if world_model is not None:  # top row the real clips, bottom row the predicted ones
     result["world_model_gif"] = os.path.join(samples, f"world_model_step_{step}.gif")
@@ -85,7 +100,6 @@ def write_sample_files(workdir: str, result: dict[str, Any]) -> np.ndarray:
   else:
     shown = images.reshape(10, per_digit, *images.shape[1:])[:, :min(per_digit, 10)]
     grid_image = media.grid(shown.reshape(-1, *images.shape[1:]), rows=10)
-  result["grid"] = os.path.join(samples, f"grid_step_{step}.png")
   media.save_png(result["grid"], grid_image)
   return grid_image
 
@@ -108,6 +122,8 @@ def write_results(workdir: str, result: dict[str, Any]) -> dict[str, Any]:
 def format_result(r: dict[str, Any]) -> str:
   """One line of the figures; a validation-split run says so up front."""
   on = "" if r.get("split", "held-out") == "held-out" else " (validation split)"
+  if r.get("shapes"):
+    return format_line(r)
   if r.get("video"):
     return (f"step {r['step']}{on}: video QA {100 * r['qa_accuracy']:.1f}% | identity "
             f"{100 * r['identity_accuracy']:.1f}% (real clips "
@@ -130,17 +146,31 @@ def main(argv):
   from mot.pipeline import Pipeline  # here: --help and flag errors skip JAX's import
   if len(argv) > 1:
     cli.fail(f"unexpected arguments {argv[1:]}: every option is a --flag (see --help)")
-  if FLAGS.samples_per_digit < 1:
-    cli.fail(f"--samples_per_digit={FLAGS.samples_per_digit} must be >= 1")
+  for name in ("samples_per_digit", "set_size"):
+    if FLAGS[name].value is not None and FLAGS[name].value < 1:
+      cli.fail(f"--{name}={FLAGS[name].value} must be >= 1")
   cli.configure_logging()
   with cli.clean_errors():
     pipe = Pipeline.from_workdir(FLAGS.workdir, use_ema=not FLAGS.no_ema, step=FLAGS.step)
-    result = evaluate_pipeline(pipe, FLAGS.samples_per_digit, FLAGS.steps, FLAGS.cfg_scale,
-                               FLAGS.sampler, FLAGS.seed, FLAGS.reason_shifts)
+    if FLAGS.set_size is not None and not pipe.is_shapes:
+      raise InputError("--set_size sizes the Shapes sets; this checkpoint was trained on "
+                       f"{pipe.config.data.dataset!r}: drop it")
+    result = evaluate_pipeline(pipe, samples_per(pipe, FLAGS.samples_per_digit), FLAGS.steps,
+                               FLAGS.cfg_scale, FLAGS.sampler, FLAGS.seed,
+                               FLAGS.reason_shifts, FLAGS.set_size)
   result = write_results(FLAGS.workdir, result)
   result.pop("_grid_image")
   print(format_result(result))
   print(json.dumps(result))
+
+
+def samples_per(pipe, flag: int | None) -> int:
+  """--samples_per_digit, or its default: 20 per digit; for Shapes, the run's
+  config.eval_samples_per_digit images per prompt (1 where 0 only turned the in-training
+  protocol off)."""
+  if flag is not None:
+    return flag
+  return max(1, int(pipe.config.eval_samples_per_digit)) if pipe.is_shapes else 20
 
 
 FLAGS = flags.FLAGS
@@ -150,7 +180,11 @@ def define_flags():
   """The command's flags (defined only when run as a program, not on import)."""
   flags.DEFINE_string("workdir", None, "Training workdir whose checkpoint is evaluated.")
   flags.DEFINE_integer("step", None, "Checkpoint step to evaluate (default: the newest).")
-  flags.DEFINE_integer("samples_per_digit", 20, "Generated images per digit 0..9.")
+  flags.DEFINE_integer("samples_per_digit", None, "Generated images per digit 0..9 (default "
+                       "20); Shapes: per evaluation prompt (default: the run's "
+                       "config.eval_samples_per_digit).")
+  flags.DEFINE_integer("set_size", None, "Shapes: items per evaluation set (default: the "
+                       "run's config.eval_set_size).")
   flags.DEFINE_integer("steps", None, "Denoising steps (default: config.sample.steps).")
   flags.DEFINE_float("cfg_scale", None, "Guidance scale (default: config.sample.cfg_scale).")
   flags.DEFINE_enum("sampler", None, ["euler", "heun"], "ODE sampler (default: config).")

@@ -35,12 +35,13 @@ from mot import config as config_lib
 from mot import config_upgrade, media, patches, sampling
 from mot import sample_options as opts
 from mot import tokenizer as tokenizer_lib
-from mot.data import moving_digits, tasks
+from mot.data import moving_digits, shapes, shapes_grammar, shapes_tasks, tasks
 from mot.errors import CheckpointError, ConfigError, InputError
 from mot.model import MoT
 from mot.prompts import PromptBuilder
 
 DEFAULT_QUESTION = tasks.QUESTION
+SHAPES_QUESTION = shapes_grammar.DESCRIBE_QUESTION
 VIDEO_QUESTION = moving_digits.QUESTION
 MAX_DECODE_BATCH = 256                    # rows per jitted decode call
 MAX_SAMPLE_BATCH = 128                    # samples per jitted denoise call (x2 with CFG)
@@ -69,6 +70,7 @@ class Pipeline:
     self.tokenizer = tokenizer_lib.Tokenizer()
     data, sample = config.data, config.sample
     self.is_video = data.dataset == "moving_digits"
+    self.is_shapes = data.dataset == shapes_tasks.DATASET   # no reading window either
     self.patch_size = int(data.patch_size)
     self.channels = int(data.channels)
     self.image_size = int(data.canvas_size if self.is_video else data.image_size)
@@ -76,7 +78,7 @@ class Pipeline:
     self.prompts = PromptBuilder(
         patch_dim=self.model_cfg.patch_dim, patch_size=self.patch_size,
         image_size=self.image_size, channels=self.channels,
-        read_window=0 if self.is_video else int(data.read_window),
+        read_window=0 if self.is_video or self.is_shapes else int(data.read_window),
         video_layout=str(data.video_layout) if self.is_video else "clip",
         action_dim=self.model_cfg.modality_patch_dims[3], tokenizer=self.tokenizer)
     # Positions restart at 0 in every packed example, so the training row's length does
@@ -87,6 +89,13 @@ class Pipeline:
     self.default_cfg_scale = float(sample.cfg_scale)
     self.time_shift = float(sample.shift)
     self.default_reason_shifts = int(sample.reason_shifts)
+    # Answer budgets (with the end token) that hold the data's longest answer: a digit,
+    # or a Shapes caption ("Describe this image.") and think-then-draw answer.
+    self.default_max_new_tokens, self.default_draw_tokens = 16, 8
+    if self.is_shapes:
+      longest = shapes.max_text_tokens(shapes_tasks.scene_options(data))
+      self.default_max_new_tokens = max(16, longest["answer"] + 1)
+      self.default_draw_tokens = max(8, longest["draw_answer"] + 1)
 
   @classmethod
   def from_workdir(cls, workdir: str, use_ema: bool = True, step: int | None = None
@@ -161,7 +170,7 @@ class Pipeline:
 
   # -------------------------------------------------------------------------- reason ----
   def reason(self, prompt: str | Sequence[str] | None = None, images: Any = None,
-             video: Any = None, max_new_tokens: int = 16, temperature: float = 0.0,
+             video: Any = None, max_new_tokens: int | None = None, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, seed: int = 0,
              shifts: int | None = None) -> str | list[str]:
     """Answers prompts with the AR head, in one batched jitted decode (chunked if large).
@@ -174,7 +183,9 @@ class Pipeline:
         with N prompts, image i goes with prompt i.
       video: None; frames [T, H, W] (same scales), one clip for every prompt; clips
         [N, T, H, W] (or GIF paths / frame folders), one answer per clip as for images.
-      max_new_tokens: most tokens per answer; decoding stops at EOS.
+      max_new_tokens: most tokens per answer; decoding stops at EOS. None: 16, or for a
+        Shapes checkpoint the longest caption plus its end token (so a "Describe this
+        image." answer is complete).
       temperature: 0 is greedy; otherwise top_k (0 = off) and top_p (1 = off) filter.
       seed: sampling seed (row i always draws from the same stream).
       shifts: test-time augmentation for images: each image is read in the (2s+1)^2
@@ -186,8 +197,11 @@ class Pipeline:
       The answer (str) for one prompt and at most one image, else a list of answers.
     """
     if prompt is None:
-      prompt = VIDEO_QUESTION if self.is_video else DEFAULT_QUESTION
+      prompt = (VIDEO_QUESTION if self.is_video else SHAPES_QUESTION if self.is_shapes
+                else DEFAULT_QUESTION)
     prompts, single = opts.prompt_list(prompt)
+    if max_new_tokens is None:
+      max_new_tokens = self.default_max_new_tokens
     opts.check_decoding(max_new_tokens, temperature, top_k, top_p)
     seed = opts.check_seed(seed)
     rows, single_input = self._reading_rows(prompts, images, video)
@@ -378,35 +392,54 @@ class Pipeline:
 
   # -------------------------------------------------------------------------- both ------
   def think_then_draw(self, prompt: str | Sequence[str], num_samples: int = 1,
-                      max_new_tokens: int = 8, steps: int | None = None,
+                      max_new_tokens: int | None = None, steps: int | None = None,
                       cfg_scale: float | None = None, sampler: str | None = None,
                       seed: int = 0, temperature: float = 0.0, top_k: int = 0,
-                      top_p: float = 1.0) -> tuple[str | list[str], np.ndarray]:
+                      top_p: float = 1.0, images: Any = None
+                      ) -> tuple[str | list[str], np.ndarray]:
     """The AR head answers, then the DM head draws the answer in the same sequence.
 
     E.g. "draw the digit after 3:" (the training template of the interleaved task) ->
-    "4" -> an image of a 4. The sequence is BOS, prompt, answer (both conditioning),
-    image. Returns (answer or list of answers, float32 [len(prompts) * num_samples, H, W]).
+    "4" -> an image of a 4. The sequence is BOS, [context image], prompt, answer (all
+    conditioning), image: a Shapes prompt ("draw three of the shape that is red:") is
+    about a context image, one per prompt (or one for all), given as `reason`'s images.
+    max_new_tokens None: 8, or the longest Shapes draw answer plus its end token.
+    Returns (answer or list of answers, float32 [len(prompts) * num_samples, H, W(, C)]).
     """
     prompts, single = opts.prompt_list(prompt)
     if self.is_video:
       raise InputError("think_then_draw draws images; this is a video checkpoint: use "
                        "generate, predict or reason")
+    if max_new_tokens is None:
+      max_new_tokens = self.default_draw_tokens
     opts.check_decoding(max_new_tokens, temperature, top_k, top_p)
     steps, cfg_scale, sampler = self.sampling_settings(num_samples, steps, cfg_scale, sampler)
     seed = opts.check_seed(seed)
+    contexts = self._draw_contexts(prompts, images)
     m = (self.image_size // self.patch_size) ** 2
     asks = []
-    for p in prompts:
-      ex = self.prompts.reasoning_prompt(p)
+    for p, context in zip(prompts, contexts):
+      ex = self.prompts.reasoning_prompt(p, context)
       self.check_length(len(ex["tokens"]), max_new_tokens + m + 3, "prompt, answer and image")
       asks.append(ex)
     answer_ids = self.decode_answers(asks, max_new_tokens, temperature, top_k, top_p, seed)
-    examples = [self.prompts.generation_example(p, ids) for p, ids in zip(prompts, answer_ids)]
+    examples = [self.prompts.generation_example(p, ids, context)
+                for p, ids, context in zip(prompts, answer_ids, contexts)]
     images = self.to_images(self.denoise(examples, num_samples, steps, cfg_scale, sampler,
                                          seed))
     answers = [self.tokenizer.decode(ids).strip() for ids in answer_ids]
     return (answers[0] if single else answers), images
+
+
+  def _draw_contexts(self, prompts: list[str], images: Any) -> list:
+    """One context image [S, S(, C)] in [0, 1] (or None) per think-then-draw prompt."""
+    if images is None:
+      return [None] * len(prompts)
+    unit, _ = self.unit_images(images)
+    if len(unit) not in (1, len(prompts)):
+      raise InputError(f"{len(prompts)} prompts for {len(unit)} images: give one image, or "
+                       "one per prompt")
+    return [unit[i if len(unit) > 1 else 0] for i in range(len(prompts))]
 
 
 def shift(image: np.ndarray, dy: int, dx: int) -> np.ndarray:

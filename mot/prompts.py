@@ -60,10 +60,13 @@ class PromptBuilder:
     b.add_text(self.tokenizer.encode(text))
     return b.build()
 
-  def generation_example(self, text: str, answer_ids: Sequence[int] = ()
-                         ) -> dict[str, np.ndarray]:
-    """BOS, text (+ answer ids) as conditioning, a noised image block: the drawing layout."""
+  def generation_example(self, text: str, answer_ids: Sequence[int] = (),
+                         context: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """BOS, [a clean context image,] text (+ answer ids), all conditioning, then a noised
+    image block: the drawing layout (with a context: Shapes' think-then-draw)."""
     b = self._start()
+    if context is not None:
+      b.add_image(self._patches(context), noised=False, cond=True)
     b.add_text(self.tokenizer.encode(text), cond=True)
     if answer_ids:
       b.add_text(list(answer_ids), cond=True)

@@ -4,7 +4,8 @@ Nothing is written (files or stdout) before all inputs are checked and all sampl
 succeeded; every user error is an InputError / CheckpointError with one line.
 
 Image checkpoints: --mode reason answers about --images (or text-only prompts);
---mode generate and think_then_draw write one PNG per sample, grid.png and manifest.json.
+--mode generate and think_then_draw write one PNG per sample, grid.png and manifest.json
+(think_then_draw reads --images as the context images a Shapes prompt is about).
 Video checkpoints: --mode generate writes one GIF per clip (caption -> clip, or with
 --actions and --images FIRST_FRAME the world model's prediction); --mode reason reads each
 --images item (a GIF or a folder of frames) as one clip.
@@ -90,9 +91,9 @@ def check_request(r: Request) -> np.ndarray | None:
   if r.prompts:
     opts.prompt_list(list(r.prompts))
   opts.check_seed(r.seed)
-  if r.images and r.mode != "reason" and actions is None:
-    raise InputError(f"--images is for --mode reason (or --mode generate with --actions), "
-                     f"not {r.mode}")
+  if r.images and r.mode == "generate" and actions is None:
+    raise InputError("--images is for --mode reason, think_then_draw (the context images of "
+                     "Shapes prompts) or generate with --actions, not generate alone")
   if r.mode != "reason":
     if r.num_samples < 1:
       raise InputError(f"--num_samples={r.num_samples} must be >= 1")
@@ -151,8 +152,10 @@ def draw_images(pipe: Pipeline, r: Request, settings: dict, stdout) -> None:
   if r.mode == "generate":
     images = pipe.generate(prompts, r.num_samples, steps, cfg_scale, sampler, r.seed)
   else:
+    contexts = media.image_paths(r.images) or None   # Shapes: one per prompt, or one
     answers, images = pipe.think_then_draw(prompts, r.num_samples, steps=steps,
-                                           cfg_scale=cfg_scale, sampler=sampler, seed=r.seed)
+                                           cfg_scale=cfg_scale, sampler=sampler, seed=r.seed,
+                                           images=contexts)
   records = []
   for k in range(len(images)):
     i, s = divmod(k, r.num_samples)

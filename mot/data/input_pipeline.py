@@ -13,8 +13,9 @@ integer, which makes checkpoint/resume exact.
 
 `config.data.dataset` picks the pairs: "digits" (image, label), "moving_digits" (the same
 digits, each example a clip of it moving, drawn from the example's rng: see
-`mot.data.moving_digits`; video tasks only) or your own (image, caption) pairs,
-"image_folder" and "array_record" (see `mot.data.user_data`).
+`mot.data.moving_digits`; video tasks only), "shapes" (procedural RGB scenes, each example
+drawn from the example's rng: see `mot.data.shapes_tasks`; shapes tasks only) or your own
+(image, caption) pairs, "image_folder" and "array_record" (see `mot.data.user_data`).
 """
 from __future__ import annotations
 
@@ -28,13 +29,17 @@ import numpy as np
 from mot.data import digits
 from mot.data import moving_digits
 from mot.data import packing
+from mot.data import shapes_tasks
 from mot.data import tasks
 from mot.data import user_data
 from mot.errors import field
 
 EPOCHS = 10**12 // 2000  # ~5e8 epochs of the digits: more than any run consumes
-DATASETS = ("digits", "moving_digits", "image_folder", "array_record")
+DATASETS = ("digits", "moving_digits", "shapes", "image_folder", "array_record")
 DIGIT_DATASETS = ("digits", "moving_digits")  # labelled bundled digits, fixed split
+PROCEDURAL_DATASETS = (shapes_tasks.DATASET,)   # scenes drawn per example, not read
+# The kind of example (Task.media) each dataset makes; the others make "image" examples.
+DATASET_MEDIA = {"moving_digits": "video", shapes_tasks.DATASET: shapes_tasks.MEDIA}
 
 
 def make_train_dataset(data_config: Any, seed: int, batch_size: int,
@@ -90,6 +95,9 @@ def heldout_examples(data_config: Any, task: str) -> list[dict[str, np.ndarray]]
   """
   if data_config.dataset == "moving_digits":  # train_lib asks for the image tasks' names
     task = moving_digits.HELDOUT_ALIASES.get(task, task)
+  if data_config.dataset in PROCEDURAL_DATASETS:  # fixed evaluation sets, no pairs
+    task = shapes_tasks.HELDOUT_ALIASES.get(task, task)
+    return shapes_tasks.heldout_examples(task, validate(data_config, task_names=(task,)))
   options = validate(data_config, task_names=(task,))
   pairs, build = heldout_pairs(data_config), _build_fn(data_config)
   examples = []
@@ -230,8 +238,16 @@ def validate(data_config: Any, task_names: tuple[str, ...] | None = None) -> tas
     raise ValueError(f"config.data.dataset={dataset!r} is unknown; known: {DATASETS}")
   if digits.validation_size(data_config) and dataset not in DIGIT_DATASETS:
     raise ValueError(f"config.data.validation_size applies to the bundled digits; "
-                     f"dataset={dataset!r} holds out its own pairs: set config.data."
-                     "num_heldout instead and leave validation_size at 0")
+                     f"dataset={dataset!r} holds out its own " +
+                     ("scenes (fixed evaluation sets): leave validation_size at 0"
+                      if dataset in PROCEDURAL_DATASETS else
+                      "pairs: set config.data.num_heldout instead and leave "
+                      "validation_size at 0"))
+  if dataset in PROCEDURAL_DATASETS:
+    options = shapes_tasks.validate(data_config)
+    task_names = _check_media(data_config, task_names)
+    _check_lengths(data_config, options, task_names, options.scene.image_size)
+    return options
   size = _image_side(data_config)
   p, patch_dim = _check_patches(data_config, size)
   if dataset == "moving_digits":  # clips: no reading augmentation, no reading window
@@ -240,18 +256,28 @@ def validate(data_config: Any, task_names: tuple[str, ...] | None = None) -> tas
     media = dict(canvas=size, read_window=_check_read_window(data_config, size, p, patch_dim),
                  **_check_augmentation(data_config, size))
   options = tasks.TaskOptions(patch_size=p, patch_dim=patch_dim, **media)
+  task_names = _check_media(data_config, task_names)
+  _check_lengths(data_config, options, task_names, size)
+  return options
+
+
+def _check_media(data_config: Any, task_names: tuple[str, ...] | None) -> tuple[str, ...]:
+  """Refuses a task whose examples the dataset cannot make; returns the task names
+  (None: those of the mix)."""
   if task_names is None:
     task_names = _task_mixture(data_config)[0]
+  dataset = data_config.dataset
+  wanted = DATASET_MEDIA.get(dataset, "image")
+  needs = {"video": "moving_digits", shapes_tasks.MEDIA: shapes_tasks.DATASET}
   for name in task_names:
     media = tasks.get_task(name).media
-    if (media == "video") != (dataset == "moving_digits"):
+    if media != wanted:
       raise ValueError(f"task {name!r} makes {media} examples, which "
                        f"config.data.dataset={dataset!r} cannot: set its "
                        "config.data.task_weights to 0" +
-                       (" (video tasks need dataset='moving_digits')"
-                        if media == "video" else ""))
-  _check_lengths(data_config, options, task_names, size)
-  return options
+                       (f" ({media} tasks need dataset={needs[media]!r})"
+                        if media in needs else ""))
+  return task_names
 
 
 def _check_lengths(data_config: Any, options: tasks.TaskOptions, task_names, size) -> None:
@@ -260,6 +286,9 @@ def _check_lengths(data_config: Any, options: tasks.TaskOptions, task_names, siz
   if data_config.dataset in DIGIT_DATASETS:
     lengths = {name: tasks.max_example_length(name, options) for name in task_names}
     why = ""
+  elif data_config.dataset in PROCEDURAL_DATASETS:
+    lengths = {name: shapes_tasks.max_example_length(name, options) for name in task_names}
+    why = " (the grammar's longest texts)"
   else:  # Opens and checks every file once (cached): errors surface here, not in grain.
     data = user_data.open_user_data(data_config)
     lengths = {name: user_data.max_example_length(name, options, size, data.longest_caption)
@@ -330,7 +359,7 @@ def _task_mixture(data_config: Any) -> tuple[tuple[str, ...], np.ndarray]:
   weights = dict(data_config.task_weights)
   for name, w in weights.items():
     tasks.get_task(name)  # Unknown names raise, listing the known ones.
-    if data_config.dataset not in DIGIT_DATASETS and w > 0:
+    if data_config.dataset not in DIGIT_DATASETS + PROCEDURAL_DATASETS and w > 0:
       user_data.check_task(name)
     if w < 0:
       raise ValueError(f"config.data.task_weights[{name!r}]={w} is negative")
@@ -354,11 +383,25 @@ class _ArrayPairs:
     return self.images[i], self.labels[i]
 
 
+class _IndexPairs:
+  """pairs[i] -> (None, i): a procedural dataset's examples are drawn, not read."""
+
+  def __init__(self, n: int):
+    self.n = n
+
+  def __len__(self) -> int:
+    return self.n
+
+  def __getitem__(self, i: int):
+    return None, int(i)
+
+
 def _build_fn(data_config: Any):
   """(task name, image, label or caption, options, rng, shift) -> example."""
   return {"digits": tasks.build_example,
-          "moving_digits": tasks.build_video_example}.get(data_config.dataset,
-                                                            user_data.build_example)
+          "moving_digits": tasks.build_video_example,
+          shapes_tasks.DATASET: shapes_tasks.build_example}.get(data_config.dataset,
+                                                                user_data.build_example)
 
 
 def _split_pairs(data_config: Any, heldout: bool):
@@ -367,6 +410,11 @@ def _split_pairs(data_config: Any, heldout: bool):
     train_x, train_y, held_x, held_y = digits.load_digits_split(
         digits.validation_size(data_config))
     return _ArrayPairs(held_x, held_y) if heldout else _ArrayPairs(train_x, train_y)
+  if data_config.dataset in PROCEDURAL_DATASETS:
+    if heldout:  # evaluation reads the fixed sets of mot.data.shapes instead
+      raise ValueError(f"config.data.dataset={data_config.dataset!r} has no held-out pairs: "
+                       "its evaluation sets are mot.data.shapes' (mot.eval_shapes)")
+    return _IndexPairs(shapes_tasks.VIRTUAL_PAIRS)
   if data_config.dataset in DATASETS:
     split = user_data.open_user_data(data_config)
     return split.heldout if heldout else split.train
