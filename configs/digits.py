@@ -169,6 +169,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                                      # example, so rows of 44 or 128 train the same ones)
   c.sample.reason_shifts = 1         # reading: answer from the 9 views of the image shifted
                                      # by up to 1 px (the training shifts); 0: one view
+  c.sample.max_new_tokens = 16       # reading: most answer tokens sample.py decodes
+                                     # (--max_new_tokens overrides; stops at EOS)
 
   if variant == "tiny":
     c.num_train_steps = 4

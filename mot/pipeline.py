@@ -35,7 +35,7 @@ from mot import config as config_lib
 from mot import config_upgrade, media, patches, sampling
 from mot import sample_options as opts
 from mot import tokenizer as tokenizer_lib
-from mot.data import moving_digits, tasks
+from mot.data import clip_files, input_pipeline, moving_digits, preprocess, tasks
 from mot.errors import CheckpointError, ConfigError, InputError
 from mot.model import MoT
 from mot.prompts import PromptBuilder
@@ -68,14 +68,24 @@ class Pipeline:
     self.step = step
     self.tokenizer = tokenizer_lib.Tokenizer()
     data, sample = config.data, config.sample
-    self.is_video = data.dataset == "moving_digits"
+    self.dataset = str(data.dataset)
+    self.is_video = self.dataset in input_pipeline.VIDEO_DATASETS
     self.patch_size = int(data.patch_size)
     self.channels = int(data.channels)
-    self.image_size = int(data.canvas_size if self.is_video else data.image_size)
+    self.image_shape = patches.image_shape(
+        data.canvas_size if self.dataset == "moving_digits" else data.image_size)
+    h, w = self.image_shape
+    self.image_size = h if h == w else self.image_shape   # the side, for square images
     self.num_frames = int(data.num_frames) if self.is_video else None
+    # User data: a file is read by the run's own preprocessing (size, channels, crop /
+    # pad / stretch, invert), the function its training files went through.
+    self.image_options = (preprocess.image_options(data)
+                          if self.dataset not in input_pipeline.DIGIT_DATASETS else None)
+    self.question = run_question(config)
+    self.default_max_new_tokens = int(sample.max_new_tokens)
     self.prompts = PromptBuilder(
         patch_dim=self.model_cfg.patch_dim, patch_size=self.patch_size,
-        image_size=self.image_size, channels=self.channels,
+        image_size=self.image_shape, channels=self.channels,
         read_window=0 if self.is_video else int(data.read_window),
         video_layout=str(data.video_layout) if self.is_video else "clip",
         action_dim=self.model_cfg.modality_patch_dims[3], tokenizer=self.tokenizer)
@@ -115,12 +125,14 @@ class Pipeline:
           f"{self.context_length} (the larger of config.data.seq_len and "
           "config.sample.context_length): shorten the prompt")
 
-  def require_video(self, what: str) -> None:
-    """Refuses `what` (an option or method that needs clips) on an image checkpoint."""
-    if not self.is_video:
-      raise InputError(f"{what} needs a video checkpoint (config.data.dataset="
-                       f"'moving_digits'); this one was trained on "
-                       f"{self.config.data.dataset!r}")
+  def require_video(self, what: str, actions: bool = False) -> None:
+    """Refuses `what` (an option or method that needs clips, or with `actions` clips
+    with actions: the moving digits) on a checkpoint trained on other data."""
+    if not self.is_video or (actions and self.dataset != "moving_digits"):
+      need = ("'moving_digits' (clips with actions)" if actions
+              else " or ".join(repr(d) for d in input_pipeline.VIDEO_DATASETS))
+      raise InputError(f"{what} needs a video checkpoint (config.data.dataset={need}); "
+                       f"this one was trained on {self.dataset!r}")
 
   def sampling_settings(self, num_samples: int = 1, steps: int | None = None,
                         cfg_scale: float | None = None, sampler: str | None = None
@@ -133,17 +145,33 @@ class Pipeline:
 
   # -------------------------------------------------------------------------- inputs ----
   def unit_images(self, images: Any) -> tuple[np.ndarray, bool]:
-    """float32 [N, S, S(, C)] in [0, 1] at the model's image size and channels, and
-    whether one image was given."""
-    return media.to_unit_images(images, self.image_size, self.channels)
+    """float32 [N, H, W(, C)] in [0, 1] at the model's image size and channels, and
+    whether one image was given (user data: through the run's preprocessing)."""
+    if self.image_options is not None:
+      return media.to_run_images(images, self.image_options)
+    return media.to_unit_images(images, self.image_shape, self.channels)
+
+  def load_clip(self, path: Any) -> np.ndarray:
+    """float32 [T, H, W(, C)] in [0, 1] of a clip file (GIF, folder of frames; user
+    video: also MP4, its first config.data.num_frames frames through the run's
+    preprocessing)."""
+    if self.image_options is None:
+      return media.load_clip(path, self.image_shape, self.channels)
+    if not os.path.exists(path):
+      raise InputError(f"clip {path} does not exist")
+    try:
+      return clip_files.load_clip(os.fspath(path), self.image_options, self.num_frames)
+    except ValueError as e:
+      raise InputError(str(e)) from None
 
   def clips(self, video: Any) -> np.ndarray:
-    """float32 [N, T, S, S] in [0, 1] from frames [T, H, W] / clips [N, T, H, W] (digits
-    scale 0..16 or 0..1), or a GIF path / folder of frames (or a list of them)."""
+    """float32 [N, T, H, W(, C)] in [0, 1] from frames [T, H, W(, C)] / clips [N, T, ...]
+    (digits scale 0..16 or 0..1), or a clip path (GIF, folder of frames, user video: MP4)
+    or a list of them."""
     if isinstance(video, (str, os.PathLike)):
-      return media.load_clip(video, self.image_size, self.channels)[None]
+      return self.load_clip(video)[None]
     if isinstance(video, (list, tuple)) and video and isinstance(video[0], (str, os.PathLike)):
-      clips = [media.load_clip(v, self.image_size, self.channels) for v in video]
+      clips = [self.load_clip(v) for v in video]
       if len({len(c) for c in clips}) != 1:
         raise InputError(f"clips have different frame counts {[len(c) for c in clips]}: "
                          "give clips of one length per call")
@@ -161,20 +189,22 @@ class Pipeline:
 
   # -------------------------------------------------------------------------- reason ----
   def reason(self, prompt: str | Sequence[str] | None = None, images: Any = None,
-             video: Any = None, max_new_tokens: int = 16, temperature: float = 0.0,
+             video: Any = None, max_new_tokens: int | None = None, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, seed: int = 0,
              shifts: int | None = None) -> str | list[str]:
     """Answers prompts with the AR head, in one batched jitted decode (chunked if large).
 
     Args:
-      prompt: a string or a list of strings; None asks the checkpoint's own question
-        ("What digit is this?", or "Which digit moves, and where?" for clips).
+      prompt: a string or a list of strings; None asks the question the run trained on
+        (`self.question`: "What digit is this?", "Which digit moves, and where?" for
+        moving digits, config.data.question for user data, e.g. "Describe this image.").
       images: None; an array [H, W] / [N, H, W] (digits scale 0..16, or 0..1); a path,
         PIL image, or a list of them. With N images and one prompt, one answer per image;
         with N prompts, image i goes with prompt i.
       video: None; frames [T, H, W] (same scales), one clip for every prompt; clips
         [N, T, H, W] (or GIF paths / frame folders), one answer per clip as for images.
-      max_new_tokens: most tokens per answer; decoding stops at EOS.
+      max_new_tokens: most tokens per answer; decoding stops at EOS. None takes
+        config.sample.max_new_tokens (user data: the run's longest caption and its EOS).
       temperature: 0 is greedy; otherwise top_k (0 = off) and top_p (1 = off) filter.
       seed: sampling seed (row i always draws from the same stream).
       shifts: test-time augmentation for images: each image is read in the (2s+1)^2
@@ -186,7 +216,9 @@ class Pipeline:
       The answer (str) for one prompt and at most one image, else a list of answers.
     """
     if prompt is None:
-      prompt = VIDEO_QUESTION if self.is_video else DEFAULT_QUESTION
+      prompt = self.question
+    if max_new_tokens is None:
+      max_new_tokens = self.default_max_new_tokens
     prompts, single = opts.prompt_list(prompt)
     opts.check_decoding(max_new_tokens, temperature, top_k, top_p)
     seed = opts.check_seed(seed)
@@ -299,7 +331,7 @@ class Pipeline:
       float32 [N * num_samples, K + 1, H, W] in [0, 1]: the given first frame, then the
       K predicted frames (frame-major per first frame, as `generate` is prompt-major).
     """
-    self.require_video("predict")
+    self.require_video("predict", actions=True)
     steps, cfg_scale, sampler = self.sampling_settings(num_samples, steps, cfg_scale, sampler)
     seed = opts.check_seed(seed)
     frames, _ = self.unit_images(first_frames)
@@ -315,7 +347,7 @@ class Pipeline:
                     seed: int = 0) -> np.ndarray:
     """Inverse dynamics: clip(s) [T, H, W] / [N, T, H, W] (or GIF paths) -> float32
     [N, T - 1, 2] (dx, dy) actions drawn by the DM head (no guidance)."""
-    self.require_video("infer_actions")
+    self.require_video("infer_actions", actions=True)
     steps, _, sampler = self.sampling_settings(1, steps, 1.0, sampler)
     seed = opts.check_seed(seed)
     clips = self.clips(video)
@@ -371,10 +403,10 @@ class Pipeline:
   def to_images(self, tokens: np.ndarray) -> np.ndarray:
     """[N, M, P] model-scale patches -> float32 [N, H, W] (or [N, H, W, C]) in [0, 1]."""
     ps, c = self.patch_size, self.channels
-    grid_side = self.image_size // ps
-    x = tokens[..., :ps * ps * c].reshape(-1, grid_side, grid_side, ps * ps * c)
-    images = np.clip((patches.unpatchify(x, ps, c) + 1.0) / 2.0, 0.0, 1.0)
-    return (images[..., 0] if c == 1 else images).astype(np.float32)
+    h, w = self.image_shape
+    x = tokens[..., :ps * ps * c].reshape(-1, h // ps, w // ps, ps * ps * c)
+    images = np.clip((patches.from_patches(x, ps, c) + 1.0) / 2.0, 0.0, 1.0)
+    return images.astype(np.float32)
 
   # -------------------------------------------------------------------------- both ------
   def think_then_draw(self, prompt: str | Sequence[str], num_samples: int = 1,
@@ -395,7 +427,7 @@ class Pipeline:
     opts.check_decoding(max_new_tokens, temperature, top_k, top_p)
     steps, cfg_scale, sampler = self.sampling_settings(num_samples, steps, cfg_scale, sampler)
     seed = opts.check_seed(seed)
-    m = (self.image_size // self.patch_size) ** 2
+    m = (self.image_shape[0] // self.patch_size) * (self.image_shape[1] // self.patch_size)
     asks = []
     for p in prompts:
       ex = self.prompts.reasoning_prompt(p)
@@ -407,6 +439,15 @@ class Pipeline:
                                          seed))
     answers = [self.tokenizer.decode(ids).strip() for ids in answer_ids]
     return (answers[0] if single else answers), images
+
+
+def run_question(config: Any) -> str:
+  """The question the run's reading task asked: the digits', the moving digits', or
+  config.data.question (user data)."""
+  dataset = config.data.dataset
+  if dataset in input_pipeline.DIGIT_DATASETS:
+    return VIDEO_QUESTION if dataset == "moving_digits" else DEFAULT_QUESTION
+  return str(config.data.question)
 
 
 def shift(image: np.ndarray, dy: int, dx: int) -> np.ndarray:

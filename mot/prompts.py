@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -26,8 +27,8 @@ class PromptBuilder:
   """Builds sampling prompts in one checkpoint's training layouts."""
   patch_dim: int             # P: width of the `patches` field (model.patch_dim)
   patch_size: int            # pixels per patch side (data.patch_size)
-  image_size: int            # image (or video frame) side in pixels
-  channels: int              # 1: grayscale images [H, W]; 3: RGB images [H, W, 3]
+  image_size: Any           # image (or video frame) size: (H, W), or an int S for S x S
+  channels: int              # 1: grayscale images [H, W]; C: images [H, W, C]
   read_window: int           # reading images: the window each patch token carries (0: off)
   video_layout: str          # "clip" (one block) or "frames" (one block a frame)
   action_dim: int            # real dims of an action patch (model.modality_patch_dims[3])
@@ -40,11 +41,8 @@ class PromptBuilder:
     return b
 
   def _patches(self, unit: np.ndarray) -> np.ndarray:
-    """Patches [..., g, g, P'] of images [..., H, W(, C)] in [0, 1]."""
-    scaled = media.to_model_scale(unit)
-    if self.channels == 1:
-      scaled = scaled[..., None]
-    return patches.patchify(scaled, self.patch_size)
+    """Patches [..., H/p, W/p, P'] of images [..., H, W(, C)] in [0, 1]."""
+    return patches.to_patches(media.to_model_scale(unit), self.patch_size, self.channels)
 
   def reasoning_prompt(self, text: str, image: np.ndarray | None = None,
                        video: np.ndarray | None = None) -> dict[str, np.ndarray]:
@@ -71,14 +69,14 @@ class PromptBuilder:
     return b.build()
 
   def blank_frames(self, n: int) -> np.ndarray:
-    """Patches [n, g, g, P'] of n empty frames (the shape of the blocks to draw)."""
+    """Patches [n, H/p, W/p, P'] of n empty frames (the shape of the blocks to draw)."""
     return self._patches(np.zeros((n, *self.frame_shape), np.float32))
 
   @property
   def frame_shape(self) -> tuple[int, ...]:
     """Shape of one image or frame in [0, 1]: (H, W) grayscale, (H, W, C) otherwise."""
-    side = self.image_size
-    return (side, side) if self.channels == 1 else (side, side, self.channels)
+    h, w = patches.image_shape(self.image_size)
+    return (h, w) if self.channels == 1 else (h, w, self.channels)
 
   def add_frames_to_draw(self, b: SequenceBuilder, num_frames: int,
                          drawn: np.ndarray | None, given: np.ndarray | None = None) -> None:

@@ -20,7 +20,7 @@ from mot import checkpoint as ckpt_lib
 from mot import config as config_lib
 from mot import config_upgrade
 from mot import evaluate, plot, sharding, summary
-from mot.data import input_pipeline, packing
+from mot.data import auto_config, input_pipeline, packing
 from mot.errors import TrainingError  # noqa: F401  (raised here; also mot.train_lib's name)
 from mot.pipeline import Pipeline
 from mot.step import TrainState, build_training, weighted_eval_means
@@ -236,6 +236,7 @@ def start_run(config, workdir: str) -> tuple[Run, TrainState, Array, list]:
 def train_and_evaluate(config, workdir: str) -> TrainState:
   """Trains `config` in `workdir`, resuming from its newest checkpoint; returns the state."""
   run_start = time.perf_counter()
+  auto_config.fill_from_data(config)  # image size, channels, ... left to the data
   config_lib.validate(config)   # bad values fail before anything is built or written
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise config_lib.ConfigError(f"--workdir {workdir} is a file: pass a directory")

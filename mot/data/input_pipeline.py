@@ -35,6 +35,8 @@ from mot.errors import field
 EPOCHS = 10**12 // 2000  # ~5e8 epochs of the digits: more than any run consumes
 DATASETS = ("digits", "moving_digits", "image_folder", "array_record")
 DIGIT_DATASETS = ("digits", "moving_digits")  # labelled bundled digits, fixed split
+USER_DATASETS = ("image_folder", "array_record")  # your own files (mot.data.user_data)
+VIDEO_DATASETS = ("moving_digits",)               # clips: video tasks only
 
 
 def make_train_dataset(data_config: Any, seed: int, batch_size: int,
@@ -132,17 +134,18 @@ def _f(data_config: Any, name: str):
   return field(data_config, name, "config.data")
 
 
-def _image_side(data_config: Any) -> int:
-  """Side of the dataset's images (video: of the canvas its clips are drawn on)."""
+def _image_shape(data_config: Any) -> tuple[int, int]:
+  """(H, W) of the dataset's images (video: of the canvas its clips are drawn on)."""
   dataset = data_config.dataset
   if dataset == "moving_digits":
-    return int(_f(data_config, "canvas_size"))
+    side = int(_f(data_config, "canvas_size"))
+    return side, side
   if dataset == "digits":
-    size = int(_f(data_config, "image_size"))
+    size = _f(data_config, "image_size")
     if size != digits.SIDE:
       raise ValueError(f"config.data.image_size={size}: the bundled digits are "
                        f"{digits.SIDE}x{digits.SIDE}; set it to {digits.SIDE}")
-    return size
+    return size, size
   return user_data.image_options(data_config).size
 
 
@@ -192,17 +195,18 @@ def _check_augmentation(data_config: Any, size: int) -> dict[str, Any]:
               elastic_prob=prob)
 
 
-def _check_patches(data_config: Any, size: int) -> tuple[int, int]:
-  """(patch_size, patch_dim), checked against the image side."""
+def _check_patches(data_config: Any, shape: tuple[int, int]) -> tuple[int, int]:
+  """(patch_size, patch_dim), checked against the image shape and channels."""
   p, patch_dim = int(_f(data_config, "patch_size")), int(_f(data_config, "patch_dim"))
   channels = _f(data_config, "channels")
   if channels not in (1, 3) or (channels != 1 and data_config.dataset in DIGIT_DATASETS):
     raise ValueError(f"config.data.channels={channels!r} must be 1 (grayscale) or 3 (RGB); "
                      "the bundled digits are grayscale (1)")
-  if p < 1 or size % p:
+  h, w = shape
+  if p < 1 or h % p or w % p:
     where = {"digits": "", "moving_digits": " (config.data.canvas_size)"}.get(
         data_config.dataset, " (config.data.image_size)")
-    raise ValueError(f"config.data.patch_size={p} must divide the {size}x{size} images{where}")
+    raise ValueError(f"config.data.patch_size={p} must divide the {h}x{w} images{where}")
   if patch_dim < p * p * channels:
     raise ValueError(f"config.data.patch_dim={patch_dim} is smaller than patch_size**2 * "
                      f"channels = {p * p * channels}")
@@ -210,7 +214,8 @@ def _check_patches(data_config: Any, size: int) -> tuple[int, int]:
 
 
 def _check_read_window(data_config: Any, size: int, p: int, patch_dim: int) -> int:
-  """config.data.read_window (image datasets: the reading task's patch neighbourhood)."""
+  """config.data.read_window (image datasets: the reading task's patch neighbourhood);
+  `size` is the image's shorter side."""
   window = _f(data_config, "read_window")
   if window and data_config.channels != 1:
     raise ValueError(f"config.data.read_window={window} reads grayscale patch neighbourhoods; "
@@ -232,13 +237,16 @@ def validate(data_config: Any, task_names: tuple[str, ...] | None = None) -> tas
     raise ValueError(f"config.data.validation_size applies to the bundled digits; "
                      f"dataset={dataset!r} holds out its own pairs: set config.data."
                      "num_heldout instead and leave validation_size at 0")
-  size = _image_side(data_config)
-  p, patch_dim = _check_patches(data_config, size)
+  shape = _image_shape(data_config)
+  p, patch_dim = _check_patches(data_config, shape)
+  size = min(shape)
   if dataset == "moving_digits":  # clips: no reading augmentation, no reading window
     media = _check_video(data_config, size)
   else:
     media = dict(canvas=size, read_window=_check_read_window(data_config, size, p, patch_dim),
                  **_check_augmentation(data_config, size))
+  if dataset not in DIGIT_DATASETS:
+    media.update(channels=int(data_config.channels), question=_question(data_config))
   options = tasks.TaskOptions(patch_size=p, patch_dim=patch_dim, **media)
   if task_names is None:
     task_names = _task_mixture(data_config)[0]
@@ -250,11 +258,11 @@ def validate(data_config: Any, task_names: tuple[str, ...] | None = None) -> tas
                        "config.data.task_weights to 0" +
                        (" (video tasks need dataset='moving_digits')"
                         if media == "video" else ""))
-  _check_lengths(data_config, options, task_names, size)
+  _check_lengths(data_config, options, task_names)
   return options
 
 
-def _check_lengths(data_config: Any, options: tasks.TaskOptions, task_names, size) -> None:
+def _check_lengths(data_config: Any, options: tasks.TaskOptions, task_names) -> None:
   """Refuses a seq_len that cannot hold one example of a task; warns when packing will
   drop examples."""
   if data_config.dataset in DIGIT_DATASETS:
@@ -262,7 +270,8 @@ def _check_lengths(data_config: Any, options: tasks.TaskOptions, task_names, siz
     why = ""
   else:  # Opens and checks every file once (cached): errors surface here, not in grain.
     data = user_data.open_user_data(data_config)
-    lengths = {name: user_data.max_example_length(name, options, size, data.longest_caption)
+    lengths = {name: user_data.max_example_length(name, options, data.item_shape,
+                                                  data.longest_caption)
                for name in task_names}
     why = (f" (the longest caption has {len(data.longest_caption.encode('utf-8'))} bytes; "
            "shorten it or raise seq_len)")
@@ -278,6 +287,15 @@ def _check_lengths(data_config: Any, options: tasks.TaskOptions, task_names, siz
                "tokens (the longest task's example): a row whose drawn examples do not fit "
                "drops the last ones (rare when most examples are shorter); raise seq_len "
                "to drop none")
+
+
+def _question(data_config: Any) -> str:
+  """config.data.question (user data: the reading task's question), checked."""
+  question = _f(data_config, "question")
+  if not isinstance(question, str) or not question.strip():
+    raise ValueError(f"config.data.question={question!r} must be a non-empty string (the "
+                     "question the reading task asks, e.g. 'Describe this image.')")
+  return question
 
 
 _WARNED: set[str] = set()
