@@ -20,8 +20,7 @@ import logging
 from typing import Any
 
 from mot import tokenizer as tokenizer_lib
-from mot.data import user_data
-from mot.data.input_pipeline import USER_DATASETS
+from mot.data import input_pipeline
 from mot.errors import ConfigError, field
 
 
@@ -65,7 +64,8 @@ def fill_from_data(config: Any) -> str | None:
     return None
   data = config.data
   try:
-    scan = _scan(data) if data.dataset in USER_DATASETS else None
+    scan = (input_pipeline.scan_user(data) if data.dataset in input_pipeline.USER_DATASETS
+            else None)
   except ValueError as e:
     raise ConfigError(str(e)) from None
   chosen = []
@@ -91,11 +91,6 @@ def fill_from_data(config: Any) -> str | None:
   line = f"{data.dataset} {data.path}: from the data, " + "; ".join(chosen)
   logging.info(line)
   return line
-
-
-def _scan(data: Any):
-  """The dataset's scan (sizes, modes, captions) without decoding an image."""
-  return user_data.scan_user_data(data)
 
 
 def _need(scan, data: Any, what: str):

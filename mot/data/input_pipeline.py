@@ -14,7 +14,8 @@ integer, which makes checkpoint/resume exact.
 `config.data.dataset` picks the pairs: "digits" (image, label), "moving_digits" (the same
 digits, each example a clip of it moving, drawn from the example's rng: see
 `mot.data.moving_digits`; video tasks only) or your own (image, caption) pairs,
-"image_folder" and "array_record" (see `mot.data.user_data`).
+"image_folder" and "array_record" (see `mot.data.user_data`), or (clip, caption) pairs,
+"video_folder" (`mot.data.user_video`).
 """
 from __future__ import annotations
 
@@ -30,13 +31,15 @@ from mot.data import moving_digits
 from mot.data import packing
 from mot.data import tasks
 from mot.data import user_data
+from mot.data import user_video
 from mot.errors import field
 
 EPOCHS = 10**12 // 2000  # ~5e8 epochs of the digits: more than any run consumes
-DATASETS = ("digits", "moving_digits", "image_folder", "array_record")
+DATASETS = ("digits", "moving_digits", "image_folder", "array_record", "video_folder")
 DIGIT_DATASETS = ("digits", "moving_digits")  # labelled bundled digits, fixed split
-USER_DATASETS = ("image_folder", "array_record")  # your own files (mot.data.user_data)
-VIDEO_DATASETS = ("moving_digits",)               # clips: video tasks only
+# Your own files: mot.data.user_data (images), mot.data.user_video (clips).
+USER_DATASETS = ("image_folder", "array_record", user_video.DATASET)
+VIDEO_DATASETS = ("moving_digits", user_video.DATASET)   # clips: video tasks only
 
 
 def make_train_dataset(data_config: Any, seed: int, batch_size: int,
@@ -90,7 +93,7 @@ def heldout_examples(data_config: Any, task: str) -> list[dict[str, np.ndarray]]
   Never augmented; a task's text variant is drawn from an rng seeded by the image's
   held-out index, so the list is the same on every call.
   """
-  if data_config.dataset == "moving_digits":  # train_lib asks for the image tasks' names
+  if data_config.dataset in VIDEO_DATASETS:  # train_lib asks for the image tasks' names
     task = moving_digits.HELDOUT_ALIASES.get(task, task)
   options = validate(data_config, task_names=(task,))
   pairs, build = heldout_pairs(data_config), _build_fn(data_config)
@@ -110,7 +113,8 @@ def heldout_labels(data_config: Any) -> np.ndarray:
 
 
 def heldout_images(data_config: Any) -> np.ndarray:
-  """float32 [297, 8, 8] held-out digits in [-1, 1]; user data: [M, S, S]."""
+  """float32 [297, 8, 8] held-out digits in [-1, 1]; user data: [M, H, W(, C)] (clips:
+  [M, T, H, W(, C)])."""
   pairs = heldout_pairs(data_config)
   if isinstance(pairs, _ArrayPairs):
     return pairs.images
@@ -242,6 +246,8 @@ def validate(data_config: Any, task_names: tuple[str, ...] | None = None) -> tas
   size = min(shape)
   if dataset == "moving_digits":  # clips: no reading augmentation, no reading window
     media = _check_video(data_config, size)
+  elif dataset == user_video.DATASET:
+    media = _check_user_video(data_config)
   else:
     media = dict(canvas=size, read_window=_check_read_window(data_config, size, p, patch_dim),
                  **_check_augmentation(data_config, size))
@@ -252,11 +258,11 @@ def validate(data_config: Any, task_names: tuple[str, ...] | None = None) -> tas
     task_names = _task_mixture(data_config)[0]
   for name in task_names:
     media = tasks.get_task(name).media
-    if (media == "video") != (dataset == "moving_digits"):
+    if (media == "video") != (dataset in VIDEO_DATASETS):
       raise ValueError(f"task {name!r} makes {media} examples, which "
                        f"config.data.dataset={dataset!r} cannot: set its "
                        "config.data.task_weights to 0" +
-                       (" (video tasks need dataset='moving_digits')"
+                       (f" (video tasks need dataset in {VIDEO_DATASETS})"
                         if media == "video" else ""))
   _check_lengths(data_config, options, task_names)
   return options
@@ -269,9 +275,10 @@ def _check_lengths(data_config: Any, options: tasks.TaskOptions, task_names) -> 
     lengths = {name: tasks.max_example_length(name, options) for name in task_names}
     why = ""
   else:  # Opens and checks every file once (cached): errors surface here, not in grain.
-    data = user_data.open_user_data(data_config)
-    lengths = {name: user_data.max_example_length(name, options, data.item_shape,
-                                                  data.longest_caption)
+    data = open_user(data_config)
+    module = user_video if data_config.dataset == user_video.DATASET else user_data
+    lengths = {name: module.max_example_length(name, options, data.item_shape,
+                                               data.longest_caption)
                for name in task_names}
     why = (f" (the longest caption has {len(data.longest_caption.encode('utf-8'))} bytes; "
            "shorten it or raise seq_len)")
@@ -287,6 +294,37 @@ def _check_lengths(data_config: Any, options: tasks.TaskOptions, task_names) -> 
                "tokens (the longest task's example): a row whose drawn examples do not fit "
                "drops the last ones (rare when most examples are shorter); raise seq_len "
                "to drop none")
+
+
+def open_user(data_config: Any) -> user_data.UserData:
+  """The checked, split user dataset (images or clips) of config.data."""
+  if data_config.dataset == user_video.DATASET:
+    return user_video.open_user_video(data_config)
+  return user_data.open_user_data(data_config)
+
+
+def scan_user(data_config: Any) -> user_data.Scan:
+  """The checked files of a user dataset (images or clips), nothing decoded."""
+  if data_config.dataset == user_video.DATASET:
+    return user_video.scan_user_video(data_config)
+  return user_data.scan_user_data(data_config)
+
+
+def _check_user_video(data_config: Any) -> dict[str, Any]:
+  """The video fields of a video-folder config, checked, as TaskOptions keywords."""
+  num_frames = _f(data_config, "num_frames")
+  if not isinstance(num_frames, int) or num_frames < 1:
+    raise ValueError(f"config.data.num_frames={num_frames!r} must be a positive integer "
+                     "(frames of each clip the run trains on)")
+  layout = str(_f(data_config, "video_layout"))
+  if layout not in moving_digits.VIDEO_LAYOUTS:
+    raise ValueError(f"config.data.video_layout={layout!r} must be one of "
+                     f"{moving_digits.VIDEO_LAYOUTS}")
+  first_weight = float(_f(data_config, "first_frame_weight"))
+  if not 0 < first_weight <= 100 or (layout != "frames" and first_weight != 1):
+    raise ValueError(f"config.data.first_frame_weight={first_weight} must be in (0, 100] "
+                     "and weighs a frame only with video_layout='frames' (else use 1)")
+  return dict(num_frames=num_frames, video_layout=layout, first_frame_weight=first_weight)
 
 
 def _question(data_config: Any) -> str:
@@ -348,7 +386,9 @@ def _task_mixture(data_config: Any) -> tuple[tuple[str, ...], np.ndarray]:
   weights = dict(data_config.task_weights)
   for name, w in weights.items():
     tasks.get_task(name)  # Unknown names raise, listing the known ones.
-    if data_config.dataset not in DIGIT_DATASETS and w > 0:
+    if data_config.dataset == user_video.DATASET and w > 0:
+      user_video.check_task(name)
+    elif data_config.dataset not in DIGIT_DATASETS and w > 0:
       user_data.check_task(name)
     if w < 0:
       raise ValueError(f"config.data.task_weights[{name!r}]={w} is negative")
@@ -374,8 +414,8 @@ class _ArrayPairs:
 
 def _build_fn(data_config: Any):
   """(task name, image, label or caption, options, rng, shift) -> example."""
-  return {"digits": tasks.build_example,
-          "moving_digits": tasks.build_video_example}.get(data_config.dataset,
+  return {"digits": tasks.build_example, "moving_digits": tasks.build_video_example,
+          user_video.DATASET: user_video.build_example}.get(data_config.dataset,
                                                             user_data.build_example)
 
 
@@ -386,7 +426,7 @@ def _split_pairs(data_config: Any, heldout: bool):
         digits.validation_size(data_config))
     return _ArrayPairs(held_x, held_y) if heldout else _ArrayPairs(train_x, train_y)
   if data_config.dataset in DATASETS:
-    split = user_data.open_user_data(data_config)
+    split = open_user(data_config)
     return split.heldout if heldout else split.train
   raise ValueError(f"config.data.dataset={data_config.dataset!r} is unknown; "
                    f"known: {DATASETS}")

@@ -107,7 +107,7 @@ class ArrayRecordSource:
     raise IndexError(i)
 
 
-class _Range:
+class Range:
   """source[start:stop] without copying: the train or held-out part of a source."""
 
   def __init__(self, source, start: int, stop: int):
@@ -129,11 +129,12 @@ class UserData:
   heldout: Any
   longest_caption: str     # by UTF-8 bytes, over all pairs: bounds the sequence length
   options: ImageOptions
+  num_frames: int = 0      # clips (mot.data.user_video): frames a pair's clip has
 
   @property
   def item_shape(self) -> tuple[int, ...]:
-    """Shape of the array a source returns: (H, W) or (H, W, C)."""
-    return self.options.shape
+    """Shape of the array a source returns: (H, W), (H, W, C), or clips (T, H, W(, C))."""
+    return ((self.num_frames,) if self.num_frames else ()) + self.options.shape
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,7 +219,7 @@ def _split(scan: Scan, options: ImageOptions, num_heldout: int) -> UserData:
   held = min(num_heldout, max(1, n // 10))
   logging.info("%s: %d pairs, %d for training, the last %d held out", scan.where, n,
                n - held, held)
-  return UserData(_Range(source, 0, n - held), _Range(source, n - held, n),
+  return UserData(Range(source, 0, n - held), Range(source, n - held, n),
                   scan.longest_caption, options)
 
 
