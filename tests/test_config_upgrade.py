@@ -84,3 +84,19 @@ def test_a_run_config_missing_a_field_names_it():
   del config.model["norm_eps"]
   with pytest.raises(config_lib.ConfigError, match="config.model lacks norm_eps"):
     config_lib.validate(config)
+
+
+def test_a_version_1_image_folder_config_samples_as_version_1_did():
+  """Version 2 made the answer length and the user data's question fields: a version-1
+  checkpoint decodes 16 tokens and asks "Describe this image.", as version 1 did."""
+  saved = config_upgrade.saved_form(CURRENT["image_folder"])
+  saved[config_upgrade.VERSION_KEY] = 1
+  del saved["sample"]["max_new_tokens"]
+  del saved["data"]["question"]
+  upgraded = config_upgrade.upgrade_config(saved)
+  assert upgraded.sample.max_new_tokens == 16
+  assert upgraded.data.question == "Describe this image."
+  digits_v1 = dict(config_upgrade.saved_form(CURRENT["digits"]), config_version=1)
+  del digits_v1["sample"]["max_new_tokens"]
+  upgraded = config_upgrade.upgrade_config(digits_v1)
+  assert upgraded.sample.max_new_tokens == 16 and "question" not in upgraded.data

@@ -11,8 +11,10 @@ line naming the file and the fix (a ValueError; the callers turn it into theirs)
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import warnings
 import numpy as np
 from PIL import Image, ImageSequence
 
@@ -118,7 +120,7 @@ def _video_frames(path: str, name: str, limit: int | None) -> list[np.ndarray]:
   import imageio.v3 as iio  # lazy: imageio starts ffmpeg only for video files
   frames = []
   try:
-    for frame in iio.imiter(path, plugin="FFMPEG"):
+    for frame in _quiet_fork(iio.imiter(path, plugin="FFMPEG")):
       frames.append(np.asarray(frame, np.uint8))
       if limit is not None and len(frames) >= limit:
         break
@@ -132,7 +134,24 @@ def _video_frames(path: str, name: str, limit: int | None) -> list[np.ndarray]:
 def _video_frame_count(path: str, name: str) -> int:
   import imageio_ffmpeg  # lazy: as _video_frames
   try:
-    return int(imageio_ffmpeg.count_frames_and_secs(path)[0])
+    with _fork_warning_off():
+      return int(imageio_ffmpeg.count_frames_and_secs(path)[0])
   except _ERRORS as e:
     raise _bad(name, "video", e) from None
+
+
+@contextlib.contextmanager
+def _fork_warning_off():
+  """JAX warns on every os.fork; imageio's fork execs ffmpeg at once (subprocess), which
+  is safe in a threaded process, so the warning would only alarm."""
+  with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called",
+                            category=RuntimeWarning)
+    yield
+
+
+def _quiet_fork(frames):
+  """Iterates `frames` (a generator that may start ffmpeg) with `_fork_warning_off`."""
+  with _fork_warning_off():
+    yield from frames
 

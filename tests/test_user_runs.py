@@ -1,0 +1,227 @@
+"""User data end to end: a tiny RGB image folder and a tiny video folder trained a step,
+then sampled through sample.py's logic exactly as they trained (size, mode, question,
+answer length, preprocessing); and the one-line errors of bad user data."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from configs import image_folder, video_folder
+from mot import checkpoint as ckpt_lib
+from mot import config_upgrade, media, sample_cli, train_lib
+from mot.data import input_pipeline, preprocess
+from mot.pipeline import Pipeline
+from tests._procs import snapshot
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COLORS = {"red": (230, 20, 20), "green": (20, 200, 40), "blue": (30, 40, 220)}
+
+
+def _square_image(h, w, color, rng):
+  """uint8 [h, w, 3]: a coloured 4x4 square on a light ground."""
+  im = np.full((h, w, 3), 245, np.uint8)
+  r, c = rng.integers(0, h - 3), rng.integers(0, w - 3)
+  im[r:r + 4, c:c + 4] = COLORS[color]
+  return im
+
+
+def _write_jsonl(folder, key, pairs):
+  with open(folder / "captions.jsonl", "w") as f:
+    f.writelines(json.dumps({key: k, "caption": c}) + "\n" for k, c in pairs)
+
+
+def _tiny(config, path, workdir_steps=1):
+  config.data.path = str(path)
+  config.data.num_heldout = 1
+  config.num_train_steps = workdir_steps
+  config.eval_every_steps = config.checkpoint_every_steps = config.log_every_steps = 1
+  return config
+
+
+def _sample(workdir, mode, **options):
+  """sample.py's logic; returns its stdout lines."""
+  lines = []
+
+  class Out:
+    def write(self, s):
+      lines.append(s)
+
+  sample_cli.run_sample(sample_cli.Request(workdir, mode, **options), stdout=Out())
+  return "".join(lines).splitlines()
+
+
+@pytest.fixture(scope="module")
+def rgb_run(tmp_path_factory):
+  """A trained (one step) RGB run on 8x12 images, inverted and padded, with one larger
+  image held out: its checkpoint and data folder."""
+  data = tmp_path_factory.mktemp("rgb_data")
+  rng = np.random.default_rng(0)
+  pairs = []
+  for i in range(10):
+    color = list(COLORS)[i % 3]
+    shape = (16, 16) if i == 9 else (8, 12)   # the held-out one is resized at 16x16
+    Image.fromarray(_square_image(*shape, color, rng)).save(data / f"{i}.png")
+    pairs.append((f"{i}.png", f"a {color} square" + (" on the left" if i == 4 else "")))
+  _write_jsonl(data, "image", pairs)
+  config = _tiny(image_folder.get_config("tiny"), data)
+  config.data.invert, config.data.resize, config.data.seq_len = True, "pad", 96
+  workdir = str(tmp_path_factory.mktemp("rgb_run"))
+  train_lib.train_and_evaluate(config, workdir)
+  return workdir, data
+
+
+def test_rgb_folder_records_what_it_chose_from_the_data(rgb_run):
+  workdir, _ = rgb_run
+  saved = config_upgrade.upgrade_config(ckpt_lib.saved_config(workdir, 1))
+  assert tuple(saved.data.image_size) == (8, 12) and saved.data.channels == 3
+  assert saved.data.patch_dim == 12 and tuple(saved.model.modality_patch_dims) == (0, 12, 12, 2)
+  assert saved.sample.max_new_tokens == len("a green square on the left") + 1  # + EOS
+  assert saved.data.question == "Describe this image."
+
+
+def test_rgb_folder_samples_as_it_trained(rgb_run, tmp_path):
+  workdir, data = rgb_run
+  answers = [json.loads(line) for line in _sample(workdir, "reason", as_json=True,
+                                                 images=[str(data / "9.png")])]
+  assert [a["prompt"] for a in answers] == ["Describe this image."]  # no --prompt given
+  pipe = Pipeline.from_workdir(workdir)
+  assert pipe.question == "Describe this image." and pipe.default_max_new_tokens == 27
+  # The held-out 16x16 file reads exactly as the data pipeline read it (pad, invert).
+  unit, single = pipe.unit_images(str(data / "9.png"))
+  held = input_pipeline.heldout_images(pipe.config.data)
+  assert single and unit.shape == (1, 8, 12, 3)
+  np.testing.assert_array_equal(media.to_model_scale(unit[0]), held[0])
+  assert np.all(held[0][:, :2] == -1.0) and np.all(held[0][:, -2:] == -1.0)  # padded: black
+  assert held[0][0, 2, 0] > -1.0                   # inverted light ground: a little ink
+  out = tmp_path / "out"
+  _sample(workdir, "generate", prompts=["a red square"], num_samples=2, out=str(out), steps=2)
+  for name in ("sample_0000.png", "sample_0001.png"):
+    with Image.open(out / name) as png:
+      assert png.size == (12, 8) and png.mode == "RGB"
+  lines = _sample(workdir, "reason", prompts=["Describe this image."], max_new_tokens=3,
+                  images=[str(data / "0.png")])
+  assert len(lines) == 1 and len(lines[0].split("\t", 1)[1].encode("utf-8")) <= 3 * 4
+
+
+def _write_clip(folder, name, frames, kind):
+  """One clip [T, H, W, 3] uint8 as a GIF, an MP4 or a folder of PNG frames."""
+  path = folder / name
+  if kind == "gif":
+    images = [Image.fromarray(f) for f in frames]
+    images[0].save(path, save_all=True, append_images=images[1:], duration=100, loop=0)
+  elif kind == "mp4":
+    import imageio.v3 as iio
+    iio.imwrite(path, frames, plugin="FFMPEG", fps=8, macro_block_size=1)
+  else:
+    path.mkdir()
+    for t, frame in enumerate(frames):
+      Image.fromarray(frame).save(path / f"{t:03d}.png")
+  return name
+
+
+def _moving_square(color, step, num_frames=4, side=16):
+  frames = np.full((num_frames, side, side, 3), 240, np.uint8)
+  for t in range(num_frames):
+    c = 6 + step * 2 * t
+    frames[t, 6:10, c:c + 4] = COLORS[color]
+  return frames
+
+
+@pytest.fixture(scope="module")
+def video_run(tmp_path_factory):
+  data = tmp_path_factory.mktemp("video_data")
+  pairs = []
+  for i in range(6):
+    color, step = ("red", "blue")[i % 2], (1, -1)[i // 3]
+    kind = ("gif", "mp4", "frames")[i % 3]
+    name = _write_clip(data, f"c{i}" + ("" if kind == "frames" else f".{kind}"),
+                       _moving_square(color, step), kind)
+    pairs.append((name, f"{color} moves {'right' if step > 0 else 'left'}"))
+  _write_jsonl(data, "video", pairs)
+  config = _tiny(video_folder.get_config("tiny"), data)
+  config.data.seq_len = 160
+  workdir = str(tmp_path_factory.mktemp("video_run"))
+  train_lib.train_and_evaluate(config, workdir)
+  return workdir, data
+
+
+def test_video_folder_trains_and_samples_like_the_moving_digits(video_run, tmp_path):
+  workdir, data = video_run
+  saved = config_upgrade.upgrade_config(ckpt_lib.saved_config(workdir, 1))
+  assert tuple(saved.data.image_size) == (16, 16) and saved.data.channels == 3
+  answers = [json.loads(line) for line in _sample(
+      workdir, "reason", as_json=True, images=[str(data / "c1.mp4"), str(data / "c2")])]
+  assert [a["prompt"] for a in answers] == ["Describe this clip."] * 2
+  out = tmp_path / "clips"
+  _sample(workdir, "generate", prompts=["red moves left"], out=str(out), steps=1)
+  with Image.open(out / "clip_0000.gif") as gif:
+    assert gif.n_frames == 3 and gif.size == (16 * media.GIF_SCALE,) * 2
+  pipe = Pipeline.from_workdir(workdir)
+  clip = pipe.load_clip(str(data / "c0.gif"))
+  options = preprocess.image_options(pipe.config.data)
+  assert clip.shape == (3, 16, 16, 3) and options.shape == (16, 16, 3)
+  with pytest.raises(Exception, match="predict needs a video checkpoint.*moving_digits"):
+    pipe.predict(clip[0], "right")
+
+
+# ----------------------------------------------------------------------------------------
+# Bad user data: one line each, nothing written.
+# ----------------------------------------------------------------------------------------
+def _bad_data(tmp):
+  """case -> train.py arguments, each a folder whose data cannot train."""
+  rng = np.random.default_rng(1)
+  cases = {}
+  mixed = tmp / "mixed"
+  mixed.mkdir()
+  for i, shape in enumerate([(8, 8), (8, 8), (8, 12), (8, 12), (16, 16)]):
+    Image.fromarray(_square_image(*shape, "red", rng)).save(mixed / f"{i}.png")
+  _write_jsonl(mixed, "image", [(f"{i}.png", "a red square") for i in range(5)])
+  cases["mixed sizes"] = ("configs/image_folder.py:tiny", mixed)
+  for kind, payload in (("gif", b"GIF89a\x10\x00\x10\x00\x80\x00\x00" + b"\x00" * 5),
+                        ("mp4", b"\x00\x00\x00\x18ftypisom" + b"garbage" * 40)):
+    folder = tmp / f"corrupt_{kind}"
+    folder.mkdir()
+    _write_clip(folder, f"good.{kind}", _moving_square("red", 1), kind)
+    (folder / f"bad.{kind}").write_bytes(payload)
+    _write_jsonl(folder, "video", [(f"good.{kind}", "red moves right"),
+                                   (f"bad.{kind}", "red moves right")])
+    cases[f"corrupt {kind}"] = ("configs/video_folder.py:tiny", folder)
+  short = tmp / "short"
+  short.mkdir()
+  _write_clip(short, "long.gif", _moving_square("red", 1), "gif")
+  _write_clip(short, "short.gif", _moving_square("red", 1, num_frames=2), "gif")
+  _write_jsonl(short, "video", [("long.gif", "a"), ("short.gif", "b")])
+  cases["too few frames"] = ("configs/video_folder.py:tiny", short)
+  return cases
+
+
+ERRORS = {"mixed sizes": r"no image size is the most common \(2 of 8x8, 2 of 8x12, 1 of "
+                         r"16x16\): set --config.data.image_size",
+          "corrupt gif": r"bad.gif \(from .*captions.jsonl:2\): cannot decode the clip",
+          "corrupt mp4": r"bad.mp4 \(from .*captions.jsonl:2\): cannot decode the video",
+          "too few frames": r"short.gif has 2 frame\(s\) but config.data.num_frames=3"}
+
+
+def test_bad_user_data_is_one_line_and_writes_nothing(tmp_path):
+  cases = _bad_data(tmp_path)
+  before = snapshot(tmp_path)
+  procs = {}
+  for name, (config, path) in cases.items():  # all at once: each is mostly start-up
+    workdir = tmp_path / f"run_{name.replace(' ', '_')}"
+    procs[name] = (workdir, subprocess.Popen(
+        [sys.executable, "train.py", "--config", config, "--workdir", str(workdir),
+         f"--config.data.path={path}"], cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True))
+  for name, (workdir, proc) in procs.items():
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode != 0 and "Traceback" not in stderr, stderr[-2000:]
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, stderr[-2000:]
+    assert re.search(ERRORS[name], errors[0]), errors[0]
+    assert not workdir.exists()
+  assert snapshot(tmp_path) == before
