@@ -52,6 +52,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   if c.variant == "default":
     c.batch_size = 32                # rows a step (64 examples; the digits default's rows
                                      # hold one example each, 96 a step)
+    c.eval_samples_per_digit = 8     # user data: images drawn per held-out caption for the
+                                     # evaluation grid (mot/eval_user.py; 0: off)
   d.task_weights = ml_collections.ConfigDict(
       {"generation": 0.45, "reasoning": 0.45, "text": 0.1})  # no digit-only tasks
   c.sample.reason_shifts = 0         # read photos as given (they were not shifted in training)

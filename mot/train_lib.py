@@ -386,10 +386,9 @@ def final_evaluation_missing(config, workdir: str, step: int) -> bool:
 
 
 def protocol_enabled(config) -> bool:
-  """Whether evaluations include the sampling protocol (mot.evaluate): on for the digit
-  data sets when config.eval_samples_per_digit > 0."""
-  return (bool(config.eval_samples_per_digit)
-          and config.data.dataset in input_pipeline.DIGIT_DATASETS)
+  """Whether evaluations include the sampling protocol (mot.evaluate): on for the data
+  sets that have one when config.eval_samples_per_digit > 0."""
+  return bool(config.eval_samples_per_digit) and config.data.dataset in evaluate.PROTOCOLS
 
 
 def evaluate_protocol(config, state, log, step) -> dict:

@@ -13,7 +13,7 @@ from PIL import Image
 
 from configs import image_folder, video_folder
 from mot import checkpoint as ckpt_lib
-from mot import config_upgrade, media, sample_cli, train_lib
+from mot import config_upgrade, evaluate, media, sample_cli, summary, train_lib
 from mot.data import input_pipeline, preprocess
 from mot.pipeline import Pipeline
 from tests._procs import snapshot
@@ -106,6 +106,22 @@ def test_rgb_folder_samples_as_it_trained(rgb_run, tmp_path):
   lines = _sample(workdir, "reason", prompts=["Describe this image."], max_new_tokens=3,
                   images=[str(data / "0.png")])
   assert len(lines) == 1 and len(lines[0].split("\t", 1)[1].encode("utf-8")) <= 3 * 4
+
+
+def test_rgb_folder_evaluation_writes_colour_samples(rgb_run, tmp_path):
+  workdir, _ = rgb_run
+  result = evaluate.evaluate_pipeline(Pipeline.from_workdir(workdir), samples_per_digit=2,
+                                      steps=1)
+  assert result["heldout_pairs"] == 1 and 0.0 <= result["caption_similarity"] <= 1.0
+  assert result["_images"].shape == (1 * 2, 8, 12, 3)
+  written = evaluate.write_results(str(tmp_path), result)
+  with Image.open(written["grid"]) as png:   # one row: the real image, then two drawn
+    assert png.mode == "RGB" and png.size == (3 * (12 * 8 + 1) + 1, 8 * 8 + 2)
+  assert "caption exact match" in evaluate.format_result(written)
+  with summary.SummaryWriter(str(tmp_path)) as writer:
+    writer.image(1, "samples", written["_grid_image"])
+  (image,) = [v.image for e in summary.read_events(writer.logdir) for v in e.summary.value]
+  assert image.colorspace == 3 and (image.width, image.height) == (3 * 97 + 1, 66)
 
 
 def _write_clip(folder, name, frames, kind):
