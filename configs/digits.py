@@ -47,6 +47,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.cond_drop_prob = 0.1             # P(caption blanked) per example, for CFG
   c.timestep_logit_mean = 0.0        # logit-normal timestep sampling (SD3): mean
   c.timestep_logit_std = 1.0         # ... and standard deviation
+  c.resolution_shift_tokens = 0      # resolution-dependent timestep shift (SD3): training's t
+                                     # and sampling's time grid move toward noise by
+                                     # sqrt(tokens of an image / this); 0: off (mot/latent.py)
 
   # ---- Logging and checkpoints. ----
   c.log_every_steps = 50             # metrics.jsonl / progress-bar interval
@@ -116,6 +119,11 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.data.workers = 0                 # worker processes making batches (0: none; same batches)
   c.data.task_weights = ml_collections.ConfigDict(  # task mix (interleaved: think, then draw)
       {"generation": 0.35, "reasoning": 0.45, "text": 0.1, "interleaved": 0.1})
+
+  # ---- The space the DM head denoises (mot/latent.py, docs/design.md §9). ----
+  c.latent = ml_collections.ConfigDict()
+  c.latent.vae = ""                  # "": image pixels; a diffusers AutoencoderKL folder: its
+                                     # scaled latents (with data.latent_cache)
 
   # ---- Model (becomes the frozen mot.config.ModelConfig). ----
   c.model = ml_collections.ConfigDict()

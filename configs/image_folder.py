@@ -43,6 +43,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   d.channels = 0                     # 1 grayscale | 3 RGB; 0: RGB unless every image is gray
   d.patch_dim = 0                    # patches field width; 0: patch_size**2 * channels
   d.question = "Describe this image."  # the reading task's question (sample.py asks it)
+  d.latent_cache = ""                # latent runs (config.latent.vae): the cache written by
+                                     # python -m mot.data.user_data DATA CACHE --vae VAE
   d.invert = False                   # True: dark ink on light paper becomes high, like the digits
   d.resize = "crop"                  # to the aspect of image_size: "crop" | "pad" | "stretch"
   d.num_heldout = 64                 # last pairs held out for eval (at most a tenth, at least 1)

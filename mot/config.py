@@ -12,7 +12,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from mot import tokenizer
+from mot import latent, tokenizer
 from mot.data import auto_config, input_pipeline
 from mot.errors import ConfigError, field  # noqa: F401  (mot.config.ConfigError, too)
 
@@ -239,8 +239,9 @@ def validate(config: Any) -> ModelConfig:
          f"config.model.vocab_size={model.vocab_size} is smaller than the tokenizer's "
          f"{tokenizer.VOCAB_SIZE} ids: set it to {tokenizer.VOCAB_SIZE}")
   data = field(config, "data")
+  latent.check(config)   # a VAE's latents: patches of its channels (one-line errors)
   patch = field(data, "patch_size", "config.data") ** 2 * field(data, "channels", "config.data")
-  _check(patch == model.modality_patch_dims[1],
+  _check(bool(latent.vae_dir(config)) or patch == model.modality_patch_dims[1],
          f"config.model.modality_patch_dims[1]={model.modality_patch_dims[1]} must equal "
          f"config.data.patch_size**2 * config.data.channels = {patch} (an image patch's "
          "size)")

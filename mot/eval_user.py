@@ -42,7 +42,7 @@ def sample_grid(pipe, captions: list[str], samples: int, steps=None, cfg_scale=N
   """(drawn images or clips for the first GRID_ROWS captions, the grid image)."""
   rows = min(GRID_ROWS, len(captions))
   per = max(1, min(samples, GRID_SAMPLES))
-  real = np.clip((input_pipeline.heldout_images(pipe.config.data)[:rows] + 1) / 2, 0, 1)
+  real = pipe.to_unit(input_pipeline.heldout_images(pipe.config.data)[:rows])
   if pipe.is_video:
     drawn = pipe.generate(captions[:rows], num_samples=1, steps=steps, cfg_scale=cfg_scale,
                           sampler=sampler, seed=seed)

@@ -32,7 +32,8 @@ import numpy as np
 
 from mot import checkpoint as ckpt_lib
 from mot import config as config_lib
-from mot import config_upgrade, media, patches, sampling
+from mot import config_upgrade, latent, media, patches, sampling
+from mot import vae as vae_lib
 from mot import sample_options as opts
 from mot import tokenizer as tokenizer_lib
 from mot.data import clip_files, input_pipeline, moving_digits, preprocess, tasks
@@ -83,19 +84,22 @@ class Pipeline:
                           if self.dataset not in input_pipeline.DIGIT_DATASETS else None)
     self.question = run_question(config)
     self.default_max_new_tokens = int(sample.max_new_tokens)
+    self.vae = load_vae(config)     # latent runs: images <-> the VAE's scaled latents
     self.prompts = PromptBuilder(
         patch_dim=self.model_cfg.patch_dim, patch_size=self.patch_size,
-        image_size=self.image_shape, channels=self.channels,
+        image_size=latent.image_grid(config), channels=latent.model_channels(config),
         read_window=0 if self.is_video else int(data.read_window),
         video_layout=str(data.video_layout) if self.is_video else "clip",
-        action_dim=self.model_cfg.modality_patch_dims[3], tokenizer=self.tokenizer)
+        action_dim=self.model_cfg.modality_patch_dims[3], tokenizer=self.tokenizer,
+        encode=None if self.vae is None else self.encode_latents)
     # Positions restart at 0 in every packed example, so the training row's length does
     # not bound what the model reads: sample.context_length may allow more.
     self.context_length = max(int(data.seq_len), int(sample.context_length))
     self.default_steps = int(sample.steps)
     self.default_sampler = str(sample.sampler)
     self.default_cfg_scale = float(sample.cfg_scale)
-    self.time_shift = float(sample.shift)
+    # config.sample.shift, composed with the resolution shift training used (if any).
+    self.time_shift = float(sample.shift) * latent.timestep_shift(config)
     self.default_reason_shifts = int(sample.reason_shifts)
 
   @classmethod
@@ -401,12 +405,30 @@ class Pipeline:
     return np.concatenate(out)
 
   def to_images(self, tokens: np.ndarray) -> np.ndarray:
-    """[N, M, P] model-scale patches -> float32 [N, H, W] (or [N, H, W, C]) in [0, 1]."""
-    ps, c = self.patch_size, self.channels
-    h, w = self.image_shape
+    """[N, M, P] model-scale patches -> float32 [N, H, W] (or [N, H, W, C]) in [0, 1]
+    (latent runs: the latents decoded by the VAE)."""
+    ps, c = self.patch_size, self.prompts.channels
+    h, w = patches.image_shape(self.prompts.image_size)
     x = tokens[..., :ps * ps * c].reshape(-1, h // ps, w // ps, ps * ps * c)
-    images = np.clip((patches.from_patches(x, ps, c) + 1.0) / 2.0, 0.0, 1.0)
-    return images.astype(np.float32)
+    return self.to_unit(patches.from_patches(x, ps, c))
+
+  def to_unit(self, arrays: np.ndarray) -> np.ndarray:
+    """The model's arrays (images in [-1, 1], or a latent run's scaled latents
+    [N, h, w, C]) -> float32 images in [0, 1]."""
+    if self.vae is not None:
+      decoded = [self.vae.decode(self.vae.unscale_latents(arrays[i:i + MAX_SAMPLE_BATCH]))
+                 for i in range(0, len(arrays), MAX_SAMPLE_BATCH)]
+      arrays = np.concatenate([np.asarray(d, np.float32) for d in decoded])
+    return np.clip((arrays + 1.0) / 2.0, 0.0, 1.0).astype(np.float32)
+
+  def encode_latents(self, unit: np.ndarray) -> np.ndarray:
+    """Images [..., H, W, 3] in [0, 1] -> the VAE's scaled latents [..., h, w, C] (the
+    posterior mean, as the latent cache holds)."""
+    x = media.to_model_scale(unit)
+    lead = x.shape[:-3]
+    z = self.vae.scale_latents(self.vae.encode(x.reshape(-1, *x.shape[-3:])))
+    z = np.asarray(z, np.float32)
+    return z.reshape(*lead, *z.shape[1:])
 
   # -------------------------------------------------------------------------- both ------
   def think_then_draw(self, prompt: str | Sequence[str], num_samples: int = 1,
@@ -427,7 +449,7 @@ class Pipeline:
     opts.check_decoding(max_new_tokens, temperature, top_k, top_p)
     steps, cfg_scale, sampler = self.sampling_settings(num_samples, steps, cfg_scale, sampler)
     seed = opts.check_seed(seed)
-    m = (self.image_shape[0] // self.patch_size) * (self.image_shape[1] // self.patch_size)
+    m = latent.image_tokens(self.config)
     asks = []
     for p in prompts:
       ex = self.prompts.reasoning_prompt(p)
@@ -439,6 +461,17 @@ class Pipeline:
                                          seed))
     answers = [self.tokenizer.decode(ids).strip() for ids in answer_ids]
     return (answers[0] if single else answers), images
+
+
+def load_vae(config: Any) -> vae_lib.VAE | None:
+  """The VAE of a latent run (config.latent.vae), or None for pixels."""
+  path = latent.vae_dir(config)
+  if not path:
+    return None
+  try:
+    return vae_lib.load_diffusers(path)
+  except vae_lib.VAEError as e:
+    raise ConfigError(f"config.latent.vae: {e}") from None
 
 
 def run_question(config: Any) -> str:

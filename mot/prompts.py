@@ -9,7 +9,7 @@ Images come in as float [H, W] (grayscale) or [H, W, C] in [0, 1] (`mot.media`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,6 +34,9 @@ class PromptBuilder:
   action_dim: int            # real dims of an action patch (model.modality_patch_dims[3])
   tokenizer: tokenizer_lib.Tokenizer = dataclasses.field(
       default_factory=tokenizer_lib.Tokenizer)
+  # Latent runs: images [..., H, W, 3] in [0, 1] -> the VAE's scaled latents [..., h, w, C]
+  # (then image_size is (h, w) and channels C); None: pixels in [-1, 1].
+  encode: Callable[[np.ndarray], np.ndarray] | None = None
 
   def _start(self) -> SequenceBuilder:
     b = SequenceBuilder(self.patch_dim)
@@ -41,8 +44,10 @@ class PromptBuilder:
     return b
 
   def _patches(self, unit: np.ndarray) -> np.ndarray:
-    """Patches [..., H/p, W/p, P'] of images [..., H, W(, C)] in [0, 1]."""
-    return patches.to_patches(media.to_model_scale(unit), self.patch_size, self.channels)
+    """Patches [..., H/p, W/p, P'] of images [..., H, W(, C)] in [0, 1] (latent runs:
+    of their latents)."""
+    x = media.to_model_scale(unit) if self.encode is None else self.encode(unit)
+    return patches.to_patches(x, self.patch_size, self.channels)
 
   def reasoning_prompt(self, text: str, image: np.ndarray | None = None,
                        video: np.ndarray | None = None) -> dict[str, np.ndarray]:
@@ -70,6 +75,10 @@ class PromptBuilder:
 
   def blank_frames(self, n: int) -> np.ndarray:
     """Patches [n, H/p, W/p, P'] of n empty frames (the shape of the blocks to draw)."""
+    if self.encode is not None:  # the noised block's values are never read: its shape
+      h, w = patches.image_shape(self.image_size)
+      p = self.patch_size
+      return np.zeros((n, h // p, w // p, p * p * self.channels), np.float32)
     return self._patches(np.zeros((n, *self.frame_shape), np.float32))
 
   @property

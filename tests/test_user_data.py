@@ -9,7 +9,7 @@ from PIL import Image
 
 from configs import image_folder
 from mot import config as config_lib
-from mot.data import auto_config
+from mot.data import array_records, auto_config
 from mot import modalities
 from mot import tokenizer as tok
 from mot.data import digits
@@ -317,7 +317,7 @@ def test_bad_record_found_at_construction(tmp_path):
   from array_record.python import array_record_module
   path = tmp_path / "broken.array_record"
   w = array_record_module.ArrayRecordWriter(str(path), "group_size:1")
-  png = user_data._image_bytes(np.zeros((4, 4), np.uint8), 0)  # pylint: disable=protected-access
+  png = array_records.image_bytes(np.zeros((4, 4), np.uint8), 0)
   good = user_data.encode_record(png, "fine")
   for record in (good, good, user_data.encode_record(b"GIF89a-truncated", "bad")):
     w.write(record)

@@ -17,10 +17,12 @@ by `mot.config.validate` as usual).
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
+from mot import latent
 from mot import tokenizer as tokenizer_lib
-from mot.data import input_pipeline
+from mot.data import input_pipeline, latent_cache
 from mot.errors import ConfigError, field
 
 
@@ -59,6 +61,7 @@ def fill_from_data(config: Any) -> str | None:
     ConfigError: a bad dataset (one line from `mot.data.user_data`), or images of mixed
       sizes where no size is the most common (set config.data.image_size).
   """
+  _absolute_paths(config)
   unset = unset_fields(config)
   if not unset:
     return None
@@ -66,17 +69,25 @@ def fill_from_data(config: Any) -> str | None:
   try:
     scan = (input_pipeline.scan_user(data) if data.dataset in input_pipeline.USER_DATASETS
             else None)
+    cache = latent_cache.read_meta(data.latent_cache) if _cache_dir(data) else None
   except ValueError as e:
-    raise ConfigError(str(e)) from None
+    raise ConfigError(" ".join(str(e).split())) from None
   chosen = []
   if "config.data.image_size" in unset:
-    data.image_size = _most_common_size(scan, data)
-    chosen.append(f"image_size {tuple(data.image_size)} ({_size_reason(scan)})")
+    if cache is not None:  # the size the latents were encoded at
+      data.image_size = tuple(cache["image_size"])
+      chosen.append(f"image_size {tuple(data.image_size)} (config.data.latent_cache's)")
+    else:
+      data.image_size = _most_common_size(scan, data)
+      chosen.append(f"image_size {tuple(data.image_size)} ({_size_reason(scan)})")
   if "config.data.channels" in unset:
-    data.channels = 1 if _need(scan, data, "channels").all_gray else 3
+    data.channels = 3 if cache is not None else (
+        1 if _need(scan, data, "channels").all_gray else 3)
     chosen.append(f"channels {data.channels} ("
                   f"{'every image is grayscale' if data.channels == 1 else 'RGB'})")
-  values = int(data.patch_size) ** 2 * int(data.channels)
+  # An image patch's values: p*p of the image's channels, or of its latent's.
+  values = int(data.patch_size) ** 2 * (int(cache["latent_shape"][2]) if cache is not None
+                                        else int(data.channels))
   if "config.data.patch_dim" in unset:
     data.patch_dim = max(values, int(field(data, "read_window", "config.data")) ** 2)
     chosen.append(f"patch_dim {data.patch_dim}")
@@ -93,6 +104,18 @@ def fill_from_data(config: Any) -> str | None:
   return line
 
 
+def _cache_dir(data: Any) -> str:
+  return str(data.latent_cache or "") if "latent_cache" in data else ""
+
+
+def _absolute_paths(config: Any) -> None:
+  """The VAE and the latent cache by absolute path: sampling may run elsewhere."""
+  if latent.vae_dir(config):
+    config.latent.vae = os.path.abspath(config.latent.vae)
+  if _cache_dir(config.data):
+    config.data.latent_cache = os.path.abspath(config.data.latent_cache)
+
+
 def _need(scan, data: Any, what: str):
   if scan is None:
     raise ConfigError(f"config.{'data.' if what == 'channels' else ''}{what} is left to the "
@@ -103,15 +126,10 @@ def _need(scan, data: Any, what: str):
 
 def _most_common_size(scan, data: Any) -> tuple[int, int]:
   """The (H, W) most images have; a ConfigError when sizes tie for the most."""
-  counts = _need(scan, data, "image_size").size_counts().most_common()
-  top = [size for size, n in counts if n == counts[0][1]]
-  if len(top) > 1:
-    listed = ", ".join(f"{n} of {h}x{w}" for (h, w), n in counts[:4])
-    raise ConfigError(f"{scan.where}: config.data.image_size is unset and no image size is "
-                      f"the most common ({listed}{', ...' if len(counts) > 4 else ''}): "
-                      "set --config.data.image_size='(H, W)' (other sizes are resized to "
-                      "it, config.data.resize)")
-  return top[0]
+  try:
+    return _need(scan, data, "image_size").most_common_size()
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
 
 
 def _size_reason(scan) -> str:

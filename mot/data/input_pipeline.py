@@ -150,7 +150,7 @@ def _image_shape(data_config: Any) -> tuple[int, int]:
       raise ValueError(f"config.data.image_size={size}: the bundled digits are "
                        f"{digits.SIDE}x{digits.SIDE}; set it to {digits.SIDE}")
     return size, size
-  return user_data.image_options(data_config).size
+  return user_data.model_space(data_config)[0]   # images, or their cached latents
 
 
 def _check_video(data_config: Any, size: int) -> dict[str, Any]:
@@ -199,13 +199,16 @@ def _check_augmentation(data_config: Any, size: int) -> dict[str, Any]:
               elastic_prob=prob)
 
 
-def _check_patches(data_config: Any, shape: tuple[int, int]) -> tuple[int, int]:
-  """(patch_size, patch_dim), checked against the image shape and channels."""
+def _check_patches(data_config: Any, shape: tuple[int, int]) -> tuple[int, int, int]:
+  """(patch_size, patch_dim, channels of what is cut into patches: the image's, or its
+  cached latent's), checked against the shape."""
   p, patch_dim = int(_f(data_config, "patch_size")), int(_f(data_config, "patch_dim"))
   channels = _f(data_config, "channels")
   if channels not in (1, 3) or (channels != 1 and data_config.dataset in DIGIT_DATASETS):
     raise ValueError(f"config.data.channels={channels!r} must be 1 (grayscale) or 3 (RGB); "
                      "the bundled digits are grayscale (1)")
+  if data_config.dataset not in DIGIT_DATASETS:
+    channels = user_data.model_space(data_config)[1]
   h, w = shape
   if p < 1 or h % p or w % p:
     where = {"digits": "", "moving_digits": " (config.data.canvas_size)"}.get(
@@ -214,7 +217,7 @@ def _check_patches(data_config: Any, shape: tuple[int, int]) -> tuple[int, int]:
   if patch_dim < p * p * channels:
     raise ValueError(f"config.data.patch_dim={patch_dim} is smaller than patch_size**2 * "
                      f"channels = {p * p * channels}")
-  return p, patch_dim
+  return p, patch_dim, channels
 
 
 def _check_read_window(data_config: Any, size: int, p: int, patch_dim: int) -> int:
@@ -242,7 +245,7 @@ def validate(data_config: Any, task_names: tuple[str, ...] | None = None) -> tas
                      f"dataset={dataset!r} holds out its own pairs: set config.data."
                      "num_heldout instead and leave validation_size at 0")
   shape = _image_shape(data_config)
-  p, patch_dim = _check_patches(data_config, shape)
+  p, patch_dim, channels = _check_patches(data_config, shape)
   size = min(shape)
   if dataset == "moving_digits":  # clips: no reading augmentation, no reading window
     media = _check_video(data_config, size)
@@ -252,7 +255,8 @@ def validate(data_config: Any, task_names: tuple[str, ...] | None = None) -> tas
     media = dict(canvas=size, read_window=_check_read_window(data_config, size, p, patch_dim),
                  **_check_augmentation(data_config, size))
   if dataset not in DIGIT_DATASETS:
-    media.update(channels=int(data_config.channels), question=_question(data_config))
+    _check_latent_cache(data_config)
+    media.update(channels=channels, question=_question(data_config))
   options = tasks.TaskOptions(patch_size=p, patch_dim=patch_dim, **media)
   if task_names is None:
     task_names = _task_mixture(data_config)[0]
@@ -308,6 +312,18 @@ def scan_user(data_config: Any) -> user_data.Scan:
   if data_config.dataset == user_video.DATASET:
     return user_video.scan_user_video(data_config)
   return user_data.scan_user_data(data_config)
+
+
+def _check_latent_cache(data_config: Any) -> None:
+  """A latent cache holds images' latents, read as they are (no pixel augmentation)."""
+  if not user_data.latent_dir(data_config):
+    return
+  if data_config.dataset == user_video.DATASET:
+    raise ValueError("config.data.latent_cache holds images' latents; dataset "
+                     "'video_folder' trains on pixels: set it to ''")
+  if int(_f(data_config, "shift_pixels")):
+    raise ValueError(f"config.data.shift_pixels={data_config.shift_pixels} moves pixels; a "
+                     "latent run reads its cached latents as they are: set it to 0")
 
 
 def _check_user_video(data_config: Any) -> dict[str, Any]:

@@ -35,7 +35,6 @@ import collections
 import dataclasses
 import functools
 import glob
-import io
 import json
 import logging
 import os
@@ -44,13 +43,15 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
-from PIL import Image
 
 from mot import patches
 from mot import tokenizer as tokenizer_lib
-from mot.data import digits
+from mot.data import array_records, digits
+from mot.data import latent_cache
 from mot.data import tasks
 from mot.data.builder import SequenceBuilder
+from mot.data.array_records import (ArrayRecordSource, decode_record,  # noqa: F401
+                                    encode_record, write_array_record)
 from mot.data.preprocess import (RESIZE_MODES, Header, ImageOptions, check_header,  # noqa: F401
                                  image_options, load_image)
 from mot.errors import field
@@ -59,7 +60,6 @@ CAPTIONS_FILE = "captions.jsonl"
 QUESTION = "Describe this image."   # configs/image_folder.py's data.question (v1 runs asked it)
 TASK_NAMES = ("generation", "reasoning", "text")
 DEFAULT_IMAGE_SIZE = 8              # The digits' resolution.
-_SCAN_CHUNK = 1024                  # Records read at once when checking ArrayRecord files.
 _LINE_EXAMPLE = '{"image": "a.png", "caption": "a red square"}'
 _TOKENIZER = tokenizer_lib.Tokenizer()
 
@@ -78,33 +78,6 @@ class FileSource:
 
   def __getitem__(self, i: int) -> tuple[np.ndarray, str]:
     return load_image(self.paths[i], self.options), self.captions[i]
-
-
-class ArrayRecordSource:
-  """Records of `encode_record` in ArrayRecord files, read with grain's data source."""
-
-  def __init__(self, paths: Sequence[str], counts: Sequence[int], options: ImageOptions):
-    import grain  # lazy: only ArrayRecord data needs grain's file source
-    self.paths, self.counts, self.options = list(paths), list(counts), options
-    # "path[0:n]" gives the counts we already have, so files are not opened again here.
-    self._records = grain.sources.ArrayRecordDataSource(
-        [f"{p}[0:{n}]" for p, n in zip(paths, counts)])
-
-  def __len__(self) -> int:
-    return sum(self.counts)
-
-  def __getitem__(self, i: int) -> tuple[np.ndarray, str]:
-    name = self.record_name(i)
-    caption, data = decode_record(self._records[i], name)
-    return load_image(data, self.options, name), caption
-
-  def record_name(self, i: int) -> str:
-    """"FILE record K" of global record i, for error messages."""
-    for path, n in zip(self.paths, self.counts):
-      if i < n:
-        return f"{path} record {i}"
-      i -= n
-    raise IndexError(i)
 
 
 class Range:
@@ -130,10 +103,14 @@ class UserData:
   longest_caption: str     # by UTF-8 bytes, over all pairs: bounds the sequence length
   options: ImageOptions
   num_frames: int = 0      # clips (mot.data.user_video): frames a pair's clip has
+  latent_shape: tuple[int, ...] = ()  # a latent cache's (h, w, C): what sources return
 
   @property
   def item_shape(self) -> tuple[int, ...]:
-    """Shape of the array a source returns: (H, W), (H, W, C), or clips (T, H, W(, C))."""
+    """Shape of the array a source returns: (H, W), (H, W, C), a latent's (h, w, C), or
+    clips (T, H, W(, C))."""
+    if self.latent_shape:
+      return self.latent_shape
     return ((self.num_frames,) if self.num_frames else ()) + self.options.shape
 
 
@@ -158,6 +135,25 @@ class Scan:
   @property
   def all_gray(self) -> bool:
     return all(h.gray for h in self.headers)
+
+  def most_common_size(self) -> tuple[int, int]:
+    """The (H, W) most images have; a ValueError when sizes tie for the most."""
+    counts = self.size_counts().most_common()
+    top = [size for size, n in counts if n == counts[0][1]]
+    if len(top) > 1:
+      listed = ", ".join(f"{n} of {h}x{w}" for (h, w), n in counts[:4])
+      raise ValueError(f"{self.where}: config.data.image_size is unset and no image size is "
+                       f"the most common ({listed}{', ...' if len(counts) > 4 else ''}): "
+                       "set --config.data.image_size='(H, W)' (other sizes are resized to "
+                       "it, config.data.resize)")
+    return top[0]
+
+  def keys(self) -> list[str]:
+    """One id a pair: its image file, or "SHARD#k" for record k of an ArrayRecord shard."""
+    if not self.counts:
+      return [os.path.abspath(f) for f in self.files]
+    return [f"{os.path.abspath(f)}#{k}" for f, n in zip(self.files, self.counts)
+            for k in range(n)]
 
 
 # ----------------------------------------------------------------------------------------
@@ -198,7 +194,25 @@ def open_user_data(data_config: Any) -> UserData:
   if num_heldout < 1:
     raise ValueError(f"config.data.num_heldout={num_heldout} must be at least 1 "
                      "(evaluation needs held-out pairs)")
-  return _split(scan, image_options(data_config), num_heldout)
+  cache = latent_dir(data_config)
+  stamp = os.stat(os.path.join(cache, latent_cache.CACHE_FILE)).st_mtime_ns if (
+      cache and os.path.isfile(os.path.join(cache, latent_cache.CACHE_FILE))) else 0
+  return _split(scan, image_options(data_config), num_heldout, cache, stamp)
+
+
+def latent_dir(data_config: Any) -> str:
+  """config.data.latent_cache: "" (images) or a latent cache folder (`latent_cache`)."""
+  return str(field(data_config, "latent_cache", "config.data") or "")
+
+
+def model_space(data_config: Any) -> tuple[tuple[int, int], int]:
+  """((h, w), channels) of the arrays the model reads: the images', or with a latent
+  cache, their latents'."""
+  cache = latent_dir(data_config)
+  if not cache:
+    return image_options(data_config).size, int(field(data_config, "channels", "config.data"))
+  h, w, c = latent_cache.read_meta(cache)["latent_shape"]
+  return (h, w), c
 
 
 def _stamp(files: Iterable[str]) -> tuple:
@@ -207,8 +221,16 @@ def _stamp(files: Iterable[str]) -> tuple:
 
 
 @functools.lru_cache(maxsize=8)
-def _split(scan: Scan, options: ImageOptions, num_heldout: int) -> UserData:
-  if scan.counts:
+def _split(scan: Scan, options: ImageOptions, num_heldout: int, cache: str = "",
+           cache_stamp: int = 0) -> UserData:
+  del cache_stamp  # Only part of the cache key: a rewritten latent cache is read again.
+  latent_shape = ()
+  if cache:  # latents encoded once (mot.data.latent_cache), checked against the pairs
+    meta = latent_cache.read_meta(cache)
+    latent_cache.check_meta(cache, meta, scan.keys(), scan.captions, options)
+    source = latent_cache.LatentSource(cache, scan.captions)
+    latent_shape = tuple(meta["latent_shape"])
+  elif scan.counts:
     source = ArrayRecordSource(scan.files, scan.counts, options)
   else:
     source = FileSource(scan.files, scan.captions, options)
@@ -220,7 +242,7 @@ def _split(scan: Scan, options: ImageOptions, num_heldout: int) -> UserData:
   logging.info("%s: %d pairs, %d for training, the last %d held out", scan.where, n,
                n - held, held)
   return UserData(Range(source, 0, n - held), Range(source, n - held, n),
-                  scan.longest_caption, options)
+                  scan.longest_caption, options, latent_shape=latent_shape)
 
 
 def _captions_file(path: str) -> str:
@@ -317,104 +339,12 @@ def _scan_array_record(files: tuple[str, ...], stamp: tuple) -> Scan:
   del stamp
   counts, captions, headers = [], [], []
   for path in files:
-    for caption, header in _scan_records(path):
+    for caption, header in array_records.scan_records(path):
       captions.append(caption)
       headers.append(header)
     counts.append(len(captions) - sum(counts))
   where = files[0] if len(files) == 1 else f"{files[0]} (+{len(files) - 1} more files)"
   return Scan(where, files, tuple(counts), tuple(captions), tuple(headers))
-
-
-def _scan_records(path: str) -> list[tuple[str, Header]]:
-  """(caption, image header) of every record of one ArrayRecord file."""
-  from array_record.python import array_record_module  # lazy: ArrayRecord data only
-  not_array_record = ValueError(f"{path}: not an ArrayRecord file (or a corrupt one); "
-                                "write one with mot.data.user_data.write_array_record")
-  reader = array_record_module.ArrayRecordReader(path)
-  out = []
-  try:
-    if not reader.ok():
-      raise not_array_record
-    n = reader.num_records()
-    for start in range(0, n, _SCAN_CHUNK):
-      for k, record in enumerate(reader.read(start, min(start + _SCAN_CHUNK, n))):
-        name = f"{path} record {start + k}"
-        caption, data = decode_record(record, name)
-        out.append((caption, check_header(data, name)))
-  except RuntimeError:  # Riegeli's errors on a damaged file.
-    raise not_array_record from None
-  finally:
-    try:
-      reader.close()
-    except RuntimeError:  # Closing a reader of a non-ArrayRecord file raises too.
-      pass
-  return out
-
-
-# ----------------------------------------------------------------------------------------
-# ArrayRecord records.
-# ----------------------------------------------------------------------------------------
-def encode_record(image_bytes: bytes, caption: str) -> bytes:
-  """One record: a JSON header line {"caption": ...} then the encoded image bytes."""
-  # ensure_ascii: the header holds no raw newline, so the first b"\n" ends it.
-  return json.dumps({"caption": caption}, ensure_ascii=True).encode("ascii") + b"\n" + \
-      image_bytes
-
-
-def decode_record(record: bytes, name: str = "record") -> tuple[str, bytes]:
-  """(caption, image bytes) of an `encode_record` record; a ValueError naming it if not."""
-  header, sep, data = record.partition(b"\n")
-  try:
-    obj = json.loads(header) if sep else None
-  except (json.JSONDecodeError, UnicodeDecodeError):
-    obj = None
-  if not isinstance(obj, dict) or not isinstance(obj.get("caption"), str):
-    raise ValueError(f"{name}: not a mot image record (a JSON line {{\"caption\": ...}} then "
-                     "image bytes); write the file with mot.data.user_data.write_array_record")
-  return obj["caption"], data
-
-
-def write_array_record(path: str, images: Iterable[Any], captions: Iterable[str]) -> int:
-  """Writes (image, caption) pairs to an ArrayRecord file; returns the record count.
-
-  Args:
-    path: the file to write (e.g. data/train-00000-of-00004.array_record).
-    images: each a uint8 array [H, W], [H, W, 1], [H, W, 3] or [H, W, 4] (stored as PNG),
-      a PIL image (stored as PNG), or a path to an image file (its bytes stored as is).
-    captions: one string per image.
-  """
-  from array_record.python import array_record_module  # lazy: ArrayRecord data only
-  images, captions = list(images), list(captions)
-  if len(images) != len(captions):
-    raise ValueError(f"write_array_record: {len(images)} images but {len(captions)} captions")
-  # group_size:1 makes random access (grain's shuffled reads) cheap.
-  writer = array_record_module.ArrayRecordWriter(os.fspath(path), "group_size:1")
-  try:
-    for i, (image, caption) in enumerate(zip(images, captions)):
-      if not isinstance(caption, str):
-        raise ValueError(f"write_array_record: caption {i} is a {type(caption).__name__}, "
-                         "not a str")
-      writer.write(encode_record(_image_bytes(image, i), caption))
-  finally:
-    writer.close()
-  return len(images)
-
-
-def _image_bytes(image: Any, i: int) -> bytes:
-  if isinstance(image, (str, os.PathLike)):
-    check_header(os.fspath(image), f"write_array_record: image {i} ({image})")
-    with open(image, "rb") as f:
-      return f.read()
-  if not isinstance(image, Image.Image):
-    a = np.asarray(image)
-    if a.dtype != np.uint8 or a.ndim not in (2, 3) or (a.ndim == 3 and
-                                                       a.shape[-1] not in (1, 3, 4)):
-      raise ValueError(f"write_array_record: image {i} is {a.dtype} {a.shape}; pass uint8 "
-                       "[H, W], [H, W, 1|3|4] (0..255), a PIL image or a file path")
-    image = Image.fromarray(a[..., 0] if a.ndim == 3 and a.shape[-1] == 1 else a)
-  buf = io.BytesIO()
-  image.save(buf, format="PNG")
-  return buf.getvalue()
 
 
 # ----------------------------------------------------------------------------------------
@@ -505,17 +435,67 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser = argparse.ArgumentParser(
       prog="python -m mot.data.user_data",
       description="Converts a folder with captions.jsonl (or a .jsonl file) to an "
-                  "ArrayRecord file for config.data.dataset='array_record'.")
-  parser.add_argument("source", help="folder with captions.jsonl, or a .jsonl file")
-  parser.add_argument("out", help="ArrayRecord file to write, e.g. data/train.array_record")
+                  "ArrayRecord file for config.data.dataset='array_record'; with --vae, "
+                  "encodes every image of a folder, .jsonl or ArrayRecord set once into a "
+                  "latent cache folder for config.data.latent_cache (docs/design.md §9).")
+  parser.add_argument("source", help="folder with captions.jsonl or a .jsonl file (with "
+                      "--vae also an ArrayRecord file or glob)")
+  parser.add_argument("out", help="ArrayRecord file to write (with --vae: the cache folder)")
+  parser.add_argument("--vae", help="diffusers AutoencoderKL folder: write a latent cache")
+  parser.add_argument("--image_size", type=int, nargs="+", metavar="N", help="--vae: H W "
+                      "(or S) images are resized to (default: the most common size)")
+  parser.add_argument("--resize", choices=RESIZE_MODES, default="crop", help="--vae: aspect "
+                      "fit (config.data.resize)")
+  parser.add_argument("--invert", action="store_true", help="--vae: config.data.invert")
   args = parser.parse_args(argv)
   try:
+    if args.vae:
+      meta = _write_latents(args)
+      print(f"wrote {meta['pairs']} latents {tuple(meta['latent_shape'])} of "
+            f"{tuple(meta['image_size'])} images to {args.out}")
+      return
     jsonl = _captions_file(args.source)
     scan = _scan_jsonl(jsonl, _stamp([jsonl]))
     n = write_array_record(args.out, scan.files, scan.captions)
   except ValueError as e:
-    sys.exit(f"error: {e}")
+    sys.exit(f"error: {' '.join(str(e).split())}")
   print(f"wrote {n} records to {args.out}")
+
+
+def _write_latents(args) -> dict:
+  """`main --vae`: the source's images encoded once into the cache folder args.out."""
+  from mot import vae as vae_lib  # lazy: only --vae needs JAX and the VAE
+  is_records = args.source.endswith(".array_record") or glob.has_magic(args.source)
+  if is_records:
+    files = _array_record_files(args.source)
+    scan = _scan_array_record(tuple(files), _stamp(files))
+  else:
+    jsonl = _captions_file(args.source)
+    scan = _scan_jsonl(jsonl, _stamp([jsonl]))
+  if args.image_size and len(args.image_size) > 2:
+    raise ValueError(f"--image_size takes H W or S, not {args.image_size}")
+  vae = vae_lib.load_diffusers(args.vae)
+  options = ImageOptions(tuple(args.image_size) if args.image_size
+                         else scan.most_common_size(), args.invert, args.resize,
+                         vae.config.in_channels)
+  images = _RecordImages(scan) if is_records else scan.files
+  return latent_cache.write_cache(args.out, images, scan.keys(), scan.captions, scan.where,
+                                  options, vae, args.vae)
+
+
+class _RecordImages:
+  """images[i] -> the encoded image bytes of record i of a scanned ArrayRecord set."""
+
+  def __init__(self, scan: Scan):
+    self.source = ArrayRecordSource(scan.files, scan.counts, ImageOptions())
+
+  def __len__(self) -> int:
+    return len(self.source)
+
+  def __getitem__(self, i):
+    if isinstance(i, slice):
+      return [self[k] for k in range(*i.indices(len(self)))]
+    return decode_record(self.source.records[i], self.source.record_name(i))[1]
 
 
 if __name__ == "__main__":
