@@ -13,11 +13,22 @@ A moving-digits checkpoint (config.data.dataset="moving_digits") works on clips:
   video.infer_actions(clip)                         # inverse dynamics -> [1, T - 1, 2]
   video.reason("Which digit moves, and where?", video=clip)   # -> "3, right"
 
+A checkpoint trained on your own images or clips (configs/image_folder.py,
+configs/video_folder.py) reads a file exactly as its training files were read
+(`mot.data.preprocess`: size, channels, crop / pad / stretch, invert), asks the question it
+trained on and answers up to its longest caption by default:
+
+  mine = mot.Pipeline.from_workdir("runs/mine")
+  mine.reason(images="photo.jpg")                   # "Describe this image." -> a caption
+  mine.generate("a red bicycle", num_samples=4)     # -> float32 [4, H, W, 3] in [0, 1]
+
 Prompts use the training layouts (`mot.prompts.PromptBuilder`, built by the same
 `SequenceBuilder` as the data). Images come in as arrays (digits scale [0, 16] or [0, 1]),
 paths or PIL images of any size and colour mode (`mot.media`), and go out in [0, 1]
 (1 = most ink): [N, H, W] for a grayscale checkpoint, [N, H, W, 3] for an RGB one
-(config.data.channels). All heavy work is batched and jitted in `mot.sampling`.
+(config.data.channels), at the trained (H, W). A latent run (config.latent.vae) encodes
+images and decodes its samples with its VAE (`mot.latent`). All heavy work is batched and
+jitted in `mot.sampling`.
 """
 from __future__ import annotations
 

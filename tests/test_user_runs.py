@@ -198,6 +198,11 @@ def _bad_data(tmp):
     Image.fromarray(_square_image(*shape, "red", rng)).save(mixed / f"{i}.png")
   _write_jsonl(mixed, "image", [(f"{i}.png", "a red square") for i in range(5)])
   cases["mixed sizes"] = ("configs/image_folder.py:tiny", mixed)
+  # Patches of 2x2 RGB pixels (12 values) for a VAE whose latents have 4 channels.
+  cases["latent channels"] = ("configs/image_folder.py:tiny", mixed,
+                              "--config.data.image_size=(8, 8)", "--config.data.patch_dim=12",
+                              "--config.model.modality_patch_dims=(0, 12, 12, 2)",
+                              f"--config.latent.vae={ROOT}/tests/golden/vae_sd")
   for kind, payload in (("gif", b"GIF89a\x10\x00\x10\x00\x80\x00\x00" + b"\x00" * 5),
                         ("mp4", b"\x00\x00\x00\x18ftypisom" + b"garbage" * 40)):
     folder = tmp / f"corrupt_{kind}"
@@ -220,18 +225,20 @@ ERRORS = {"mixed sizes": r"no image size is the most common \(2 of 8x8, 2 of 8x1
                          r"16x16\): set --config.data.image_size",
           "corrupt gif": r"bad.gif \(from .*captions.jsonl:2\): cannot decode the clip",
           "corrupt mp4": r"bad.mp4 \(from .*captions.jsonl:2\): cannot decode the video",
-          "too few frames": r"short.gif has 2 frame\(s\) but config.data.num_frames=3"}
+          "too few frames": r"short.gif has 2 frame\(s\) but config.data.num_frames=3",
+          "latent channels": r"modality_patch_dims\[1\]=12 disagrees with the latent: "
+                             r"patch_size\*\*2 \* the VAE's 4 latent channels = 16"}
 
 
 def test_bad_user_data_is_one_line_and_writes_nothing(tmp_path):
   cases = _bad_data(tmp_path)
   before = snapshot(tmp_path)
   procs = {}
-  for name, (config, path) in cases.items():  # all at once: each is mostly start-up
+  for name, (config, path, *extra) in cases.items():  # all at once: mostly start-up
     workdir = tmp_path / f"run_{name.replace(' ', '_')}"
     procs[name] = (workdir, subprocess.Popen(
         [sys.executable, "train.py", "--config", config, "--workdir", str(workdir),
-         f"--config.data.path={path}"], cwd=ROOT, stdout=subprocess.PIPE,
+         f"--config.data.path={path}", *extra], cwd=ROOT, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True))
   for name, (workdir, proc) in procs.items():
     _, stderr = proc.communicate(timeout=300)

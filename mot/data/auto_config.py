@@ -9,6 +9,9 @@ configs/image_folder.py (and configs/video_folder.py) declare them unset:
   model.modality_patch_dims = ()  -> (0, d, d, 2), d = that patch's values
   sample.max_new_tokens = 0       -> the longest caption's tokens + 1 (its EOS)
 
+A latent run (config.data.latent_cache) takes the size its latents were encoded at, RGB,
+and patches of p*p latent channels.
+
 `fill_from_data(config)` sets them in place and logs ONE line saying what it chose; the
 filled config is what every checkpoint saves, so sampling reads a user's files at the
 size and in the channels the run trained on. A value the user set is kept (and checked
