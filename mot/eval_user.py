@@ -5,8 +5,9 @@ what can be measured without a judge trained for the data (docs/design.md §6).
   on every held-out image or clip, read in the training layout from the data pipeline's
   own held-out examples, against its caption (both whitespace-trimmed); beside it the
   mean character similarity (difflib's ratio, 1 = equal);
-- samples: for the first GRID_ROWS held-out captions, the real held-out image and
-  min(samples_per_digit, GRID_SAMPLES) images drawn from the caption, one grid row each,
+- samples: for the first GRID_ROWS held-out captions, the real held-out image (a latent
+  run: its VAE reconstruction) and min(samples_per_digit, GRID_SAMPLES) images drawn from
+  the caption, one grid row each,
   in the run's channels (DIR/samples/grid_step_N.png and TensorBoard); clips: the real
   clip's frames, then one drawn clip's.
 """

@@ -181,12 +181,13 @@ RESUMABLE_DATA_FIELDS = ("task_weights", "shift_pixels", "rotate_degrees", "scal
 
 
 def check_resumable(workdir: str, step: int, config) -> None:
-  """Refuses to resume a checkpoint whose model or data layout differs from `config`."""
+  """Refuses to resume a checkpoint whose model, data layout or latent space (the VAE)
+  differs from `config`."""
   try:
     saved = config_upgrade.upgrade_config(ckpt_lib.saved_config(workdir, step))
   except (OSError, ValueError):
     return  # a checkpoint without a readable config: the restore itself will tell
-  for section in ("model", "data"):
+  for section in ("model", "data", "latent"):
     ours = json.loads(json.dumps(config[section].to_dict()))
     theirs = json.loads(json.dumps(saved[section].to_dict()))
     ignored = RESUMABLE_DATA_FIELDS if section == "data" else ()

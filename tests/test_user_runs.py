@@ -15,6 +15,7 @@ from configs import image_folder, video_folder
 from mot import checkpoint as ckpt_lib
 from mot import config_upgrade, evaluate, media, sample_cli, summary, train_lib
 from mot.data import input_pipeline, preprocess
+from mot.errors import InputError
 from mot.pipeline import Pipeline
 from tests._procs import snapshot
 
@@ -248,3 +249,13 @@ def test_bad_user_data_is_one_line_and_writes_nothing(tmp_path):
     assert re.search(ERRORS[name], errors[0]), errors[0]
     assert not workdir.exists()
   assert snapshot(tmp_path) == before
+
+
+def test_max_new_tokens_flag_is_checked_before_the_checkpoint(tmp_path):
+  request = dict(workdir=str(tmp_path / "nope"), prompts=["a"], out=str(tmp_path / "o"))
+  with pytest.raises(InputError, match="--max_new_tokens bounds answers"):
+    sample_cli.check_request(sample_cli.Request(mode="generate", max_new_tokens=4, **request))
+  with pytest.raises(InputError, match="max_new_tokens=0 must be a positive integer"):
+    sample_cli.check_request(sample_cli.Request(mode="reason", max_new_tokens=0, **request))
+  sample_cli.check_request(sample_cli.Request(mode="think_then_draw", max_new_tokens=4,
+                                              **request))
