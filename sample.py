@@ -56,8 +56,8 @@ flags.DEFINE_integer("reason_shifts", None, "--mode reason on images: read each 
                      "their mean log-probabilities (default: the config's "
                      "sample.reason_shifts; 0 reads the image once).")
 flags.DEFINE_integer("max_new_tokens", None, "--mode reason / think_then_draw: most tokens "
-                     "an answer may have (default: the config's sample.max_new_tokens; user "
-                     "data: the run's longest caption and its EOS).")
+                     "an answer may have (reason default: the config's sample.max_new_tokens;"
+                     " user data: the run's longest caption and its EOS; think_then_draw: 8).")
 flags.DEFINE_integer("seed", 0, "Seed of the noise and of token sampling; fixed seed, same output.")
 flags.mark_flag_as_required("workdir")
 

@@ -56,6 +56,7 @@ DEFAULT_QUESTION = tasks.QUESTION
 VIDEO_QUESTION = moving_digits.QUESTION
 MAX_DECODE_BATCH = 256                    # rows per jitted decode call
 MAX_SAMPLE_BATCH = 128                    # samples per jitted denoise call (x2 with CFG)
+THINK_TOKENS = 8                          # think_then_draw's answers: a short plan
 
 
 class Pipeline:
@@ -443,7 +444,7 @@ class Pipeline:
 
   # -------------------------------------------------------------------------- both ------
   def think_then_draw(self, prompt: str | Sequence[str], num_samples: int = 1,
-                      max_new_tokens: int = 8, steps: int | None = None,
+                      max_new_tokens: int | None = None, steps: int | None = None,
                       cfg_scale: float | None = None, sampler: str | None = None,
                       seed: int = 0, temperature: float = 0.0, top_k: int = 0,
                       top_p: float = 1.0) -> tuple[str | list[str], np.ndarray]:
@@ -451,9 +452,11 @@ class Pipeline:
 
     E.g. "draw the digit after 3:" (the training template of the interleaved task) ->
     "4" -> an image of a 4. The sequence is BOS, prompt, answer (both conditioning),
-    image. Returns (answer or list of answers, float32 [len(prompts) * num_samples, H, W]).
+    image. `max_new_tokens` bounds the answer (None: THINK_TOKENS). Returns (answer or
+    list of answers, float32 [len(prompts) * num_samples, H, W]).
     """
     prompts, single = opts.prompt_list(prompt)
+    max_new_tokens = THINK_TOKENS if max_new_tokens is None else max_new_tokens
     if self.is_video:
       raise InputError("think_then_draw draws images; this is a video checkpoint: use "
                        "generate, predict or reason")

@@ -173,9 +173,8 @@ def draw_images(pipe: Pipeline, r: Request, settings: dict, stdout) -> None:
     images = pipe.generate(prompts, r.num_samples, steps, cfg_scale, sampler, r.seed)
   else:
     answers, images = pipe.think_then_draw(
-        prompts, r.num_samples, steps=steps, cfg_scale=cfg_scale, sampler=sampler,
-        seed=r.seed, **({} if r.max_new_tokens is None else
-                        {"max_new_tokens": r.max_new_tokens}))
+        prompts, r.num_samples, max_new_tokens=r.max_new_tokens, steps=steps,
+        cfg_scale=cfg_scale, sampler=sampler, seed=r.seed)
   records = []
   for k in range(len(images)):
     i, s = divmod(k, r.num_samples)
@@ -241,7 +240,8 @@ def reason_clips(pipe: Pipeline, r: Request, stdout) -> None:
     pairs = [(item, p) for item in r.images for p in prompts]
     answers = []
     for clip in clips:  # clips may differ in length: one batched call per clip
-      answers += pipe.reason(prompts, video=clip, seed=r.seed, max_new_tokens=r.max_new_tokens)
+      answers += pipe.reason(prompts, video=clip, seed=r.seed,
+                             max_new_tokens=r.max_new_tokens)
   else:
     pairs = [(None, p) for p in prompts]
     answers = pipe.reason(prompts, seed=r.seed, max_new_tokens=r.max_new_tokens)
