@@ -184,6 +184,9 @@ def test_video_folder_trains_and_samples_like_the_moving_digits(video_run, tmp_p
   assert clip.shape == (3, 16, 16, 3) and options.shape == (16, 16, 3)
   with pytest.raises(Exception, match="predict needs a video checkpoint.*moving_digits"):
     pipe.predict(clip[0], "right")
+  result = evaluate.evaluate_pipeline(pipe, samples_per_digit=1, steps=1)
+  assert result["video"] and result["heldout_pairs"] == 1
+  assert result["_grid"].shape == (16 * 8 + 2, 6 * (16 * 8 + 1) + 1, 3)  # real, then drawn
 
 
 # ----------------------------------------------------------------------------------------
