@@ -21,6 +21,12 @@ as training did (mot/data/preprocess.py).
 Variants (the part after ':'): "" (default) and "tiny", as in configs/digits.py. Any size
 works, non-square too, with a patch size that divides it, e.g. 32x48 RGB in 4x4 patches:
   --config.data.image_size='(32, 48)' --config.data.patch_size=4 --config.data.seq_len=512
+Latent diffusion (docs/design.md §9): encode the images once with a VAE (a diffusers
+AutoencoderKL folder), then train on its latents (2x2 patches of the latent):
+  python -m mot.data.user_data /path/to/folder cache/ --vae /path/to/vae
+  python train.py --config configs/image_folder.py --workdir DIR \\
+      --config.data.path=/path/to/folder --config.latent.vae=/path/to/vae \\
+      --config.data.latent_cache=cache/
 data.path has no default: training stops with a one-line error until it is set.
 """
 import ml_collections
