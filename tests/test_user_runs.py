@@ -20,6 +20,8 @@ from mot.pipeline import Pipeline
 from tests._procs import snapshot
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# JAX warns on any fork; these forks exec ffmpeg or train.py at once (subprocess).
+pytestmark = pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning")
 COLORS = {"red": (230, 20, 20), "green": (20, 200, 40), "blue": (30, 40, 220)}
 
 
