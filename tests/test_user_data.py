@@ -192,6 +192,16 @@ def test_array_record_round_trip(tmp_path, folder):
   np.testing.assert_array_equal(image, user_data.load_image(paths[2], options))
   gray = Image.fromarray(arrays[1]).convert("L")
   np.testing.assert_allclose(data.train[1][0], np.asarray(gray) / 255 * 2 - 1, atol=1e-6)
+  # The same records in colour at a non-square size: patches of 2x2 RGB pixels.
+  rgb = data_config(str(tmp_path / "a-*.array_record"), dataset="array_record",
+                    image_size=(8, 6), channels=3, patch_dim=12, resize="stretch")
+  image, _ = user_data.open_user_data(rgb).train[1]
+  assert image.shape == (8, 6, 3)
+  expected = np.asarray(Image.fromarray(arrays[1]).resize((6, 8), Image.Resampling.BOX),
+                        np.float32)
+  np.testing.assert_allclose(image, expected / 255 * 2 - 1, atol=2e-2)
+  batch = next(iter(input_pipeline.make_train_dataset(rgb, seed=0, batch_size=2)))
+  assert batch["patches"].shape[-1] == 12
 
 
 def test_records_are_json_and_image_bytes():
