@@ -10,8 +10,8 @@
                                    reads the clean latents of the same VAE.
 
 `timestep_shift(config)` is the resolution-dependent timestep shift (SD3 §5.3.2, FLUX):
-more tokens an image carry the same content at a lower signal-to-noise ratio per token,
-so training's timesteps and sampling's time grid move toward noise by
+an image of more tokens carries its content redundantly across them, so the same t hides
+less of it: training's timesteps and sampling's time grid move toward noise by
 sqrt(image tokens / config.resolution_shift_tokens) (1 when that field is 0).
 """
 from __future__ import annotations
