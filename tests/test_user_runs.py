@@ -15,7 +15,7 @@ from configs import image_folder, video_folder
 from mot import checkpoint as ckpt_lib
 from mot import config_upgrade, evaluate, media, sample_cli, summary, train_lib
 from mot.data import input_pipeline, preprocess
-from mot.errors import InputError
+from mot.errors import ConfigError, InputError
 from mot.pipeline import Pipeline
 from tests._procs import snapshot
 
@@ -38,10 +38,10 @@ def _write_jsonl(folder, key, pairs):
     f.writelines(json.dumps({key: k, "caption": c}) + "\n" for k, c in pairs)
 
 
-def _tiny(config, path, workdir_steps=1):
+def _tiny(config, path, steps=2):
   config.data.path = str(path)
   config.data.num_heldout = 1
-  config.num_train_steps = workdir_steps
+  config.num_train_steps = steps
   config.eval_every_steps = config.checkpoint_every_steps = config.log_every_steps = 1
   return config
 
@@ -60,7 +60,7 @@ def _sample(workdir, mode, **options):
 
 @pytest.fixture(scope="module")
 def rgb_run(tmp_path_factory):
-  """A trained (one step) RGB run on 8x12 images, inverted and padded, with one larger
+  """A trained (two steps) RGB run on 8x12 images, inverted and padded, with one larger
   image held out: its checkpoint and data folder."""
   data = tmp_path_factory.mktemp("rgb_data")
   rng = np.random.default_rng(0)
@@ -80,7 +80,7 @@ def rgb_run(tmp_path_factory):
 
 def test_rgb_folder_records_what_it_chose_from_the_data(rgb_run):
   workdir, _ = rgb_run
-  saved = config_upgrade.upgrade_config(ckpt_lib.saved_config(workdir, 1))
+  saved = config_upgrade.upgrade_config(ckpt_lib.saved_config(workdir, 2))
   assert tuple(saved.data.image_size) == (8, 12) and saved.data.channels == 3
   assert saved.data.patch_dim == 12 and tuple(saved.model.modality_patch_dims) == (0, 12, 12, 2)
   assert saved.sample.max_new_tokens == len("a green square on the left") + 1  # + EOS
@@ -171,7 +171,7 @@ def video_run(tmp_path_factory):
 
 def test_video_folder_trains_and_samples_like_the_moving_digits(video_run, tmp_path):
   workdir, data = video_run
-  saved = config_upgrade.upgrade_config(ckpt_lib.saved_config(workdir, 1))
+  saved = config_upgrade.upgrade_config(ckpt_lib.saved_config(workdir, 2))
   assert tuple(saved.data.image_size) == (16, 16) and saved.data.channels == 3
   answers = [json.loads(line) for line in _sample(
       workdir, "reason", as_json=True, images=[str(data / "c1.mp4"), str(data / "c2")])]
@@ -195,7 +195,7 @@ def test_video_folder_trains_and_samples_like_the_moving_digits(video_run, tmp_p
 # Bad user data: one line each, nothing written.
 # ----------------------------------------------------------------------------------------
 def _bad_data(tmp):
-  """case -> train.py arguments, each a folder whose data cannot train."""
+  """case -> (config, {field: value}), each a folder whose data cannot train."""
   rng = np.random.default_rng(1)
   cases = {}
   mixed = tmp / "mixed"
@@ -203,12 +203,12 @@ def _bad_data(tmp):
   for i, shape in enumerate([(8, 8), (8, 8), (8, 12), (8, 12), (16, 16)]):
     Image.fromarray(_square_image(*shape, "red", rng)).save(mixed / f"{i}.png")
   _write_jsonl(mixed, "image", [(f"{i}.png", "a red square") for i in range(5)])
-  cases["mixed sizes"] = ("configs/image_folder.py:tiny", mixed)
+  cases["mixed sizes"] = (image_folder, {"data.path": mixed})
   # Patches of 2x2 RGB pixels (12 values) for a VAE whose latents have 4 channels.
-  cases["latent channels"] = ("configs/image_folder.py:tiny", mixed,
-                              "--config.data.image_size=(8, 8)", "--config.data.patch_dim=12",
-                              "--config.model.modality_patch_dims=(0, 12, 12, 2)",
-                              f"--config.latent.vae={ROOT}/tests/golden/vae_sd")
+  cases["latent channels"] = (image_folder, {
+      "data.path": mixed, "data.image_size": (8, 8), "data.patch_dim": 12,
+      "model.modality_patch_dims": (0, 12, 12, 2),
+      "latent.vae": os.path.join(ROOT, "tests", "golden", "vae_sd")})
   for kind, payload in (("gif", b"GIF89a\x10\x00\x10\x00\x80\x00\x00" + b"\x00" * 5),
                         ("mp4", b"\x00\x00\x00\x18ftypisom" + b"garbage" * 40)):
     folder = tmp / f"corrupt_{kind}"
@@ -217,13 +217,13 @@ def _bad_data(tmp):
     (folder / f"bad.{kind}").write_bytes(payload)
     _write_jsonl(folder, "video", [(f"good.{kind}", "red moves right"),
                                    (f"bad.{kind}", "red moves right")])
-    cases[f"corrupt {kind}"] = ("configs/video_folder.py:tiny", folder)
+    cases[f"corrupt {kind}"] = (video_folder, {"data.path": folder})
   short = tmp / "short"
   short.mkdir()
   _write_clip(short, "long.gif", _moving_square("red", 1), "gif")
   _write_clip(short, "short.gif", _moving_square("red", 1, num_frames=2), "gif")
   _write_jsonl(short, "video", [("long.gif", "a"), ("short.gif", "b")])
-  cases["too few frames"] = ("configs/video_folder.py:tiny", short)
+  cases["too few frames"] = (video_folder, {"data.path": short})
   return cases
 
 
@@ -236,24 +236,35 @@ ERRORS = {"mixed sizes": r"no image size is the most common \(2 of 8x8, 2 of 8x1
                              r"patch_size\*\*2 \* the VAE's 4 latent channels = 16"}
 
 
-def test_bad_user_data_is_one_line_and_writes_nothing(tmp_path):
-  cases = _bad_data(tmp_path)
+@pytest.fixture(scope="module")
+def bad_data(tmp_path_factory):
+  return _bad_data(tmp_path_factory.mktemp("bad_data"))
+
+
+@pytest.mark.parametrize("name", sorted(ERRORS))
+def test_bad_user_data_is_one_line_and_writes_nothing(bad_data, tmp_path, name):
+  module, fields = bad_data[name]
+  config = module.get_config("tiny")
+  for key, value in fields.items():
+    section, field_name = key.split(".")
+    config[section][field_name] = str(value) if isinstance(value, os.PathLike) else value
   before = snapshot(tmp_path)
-  procs = {}
-  for name, (config, path, *extra) in cases.items():  # all at once: mostly start-up
-    workdir = tmp_path / f"run_{name.replace(' ', '_')}"
-    procs[name] = (workdir, subprocess.Popen(
-        [sys.executable, "train.py", "--config", config, "--workdir", str(workdir),
-         f"--config.data.path={path}", *extra], cwd=ROOT, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True))
-  for name, (workdir, proc) in procs.items():
-    _, stderr = proc.communicate(timeout=300)
-    assert proc.returncode != 0 and "Traceback" not in stderr, stderr[-2000:]
-    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, stderr[-2000:]
-    assert re.search(ERRORS[name], errors[0]), errors[0]
-    assert not workdir.exists()
-  assert snapshot(tmp_path) == before
+  with pytest.raises(ConfigError) as e:
+    train_lib.train_and_evaluate(config, str(tmp_path / "run"))
+  assert "\n" not in str(e.value) and re.search(ERRORS[name], str(e.value)), str(e.value)
+  assert snapshot(tmp_path) == before and not (tmp_path / "run").exists()
+
+
+def test_train_py_prints_bad_user_data_as_one_error_line(bad_data, tmp_path):
+  _, fields = bad_data["corrupt mp4"]
+  proc = subprocess.run(
+      [sys.executable, "train.py", "--config", "configs/video_folder.py:tiny", "--workdir",
+       str(tmp_path / "run"), f"--config.data.path={fields['data.path']}"], cwd=ROOT,
+      capture_output=True, text=True, timeout=300)
+  assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+  errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and re.search(ERRORS["corrupt mp4"], errors[0]), proc.stderr[-2000:]
+  assert not (tmp_path / "run").exists()
 
 
 def test_max_new_tokens_flag_is_checked_before_the_checkpoint(tmp_path):
