@@ -33,7 +33,7 @@ flags.DEFINE_multi_string("images", [], "Image files and folders to reason about
                           "each item is one clip (a GIF or a folder of frames); with "
                           "--actions, the first frame(s) to predict from.")
 flags.DEFINE_multi_string("prompt", [], "Prompt text; repeat for several (reason default: "
-                          "'What digit is this?').")
+                          "the question the run trained on, e.g. 'What digit is this?').")
 flags.DEFINE_bool("json", False, "Print one JSON object per answer or sample.")
 flags.DEFINE_integer("num_samples", 1, "Images drawn per prompt (generate, think_then_draw).")
 flags.DEFINE_string("out", None, "Output folder for the PNGs, grid.png and manifest.json "
@@ -55,6 +55,9 @@ flags.DEFINE_integer("reason_shifts", None, "--mode reason on images: read each 
                      "its (2s+1)^2 views shifted by up to s pixels (0-2) and answer from "
                      "their mean log-probabilities (default: the config's "
                      "sample.reason_shifts; 0 reads the image once).")
+flags.DEFINE_integer("max_new_tokens", None, "--mode reason / think_then_draw: most tokens "
+                     "an answer may have (reason default: the config's sample.max_new_tokens;"
+                     " user data: the run's longest caption and its EOS; think_then_draw: 8).")
 flags.DEFINE_integer("seed", 0, "Seed of the noise and of token sampling; fixed seed, same output.")
 flags.mark_flag_as_required("workdir")
 
@@ -73,7 +76,7 @@ def main(argv):
         as_json=FLAGS.json, num_samples=FLAGS.num_samples, out=FLAGS.out, steps=FLAGS.steps,
         cfg_scale=FLAGS.cfg_scale, sampler=FLAGS.sampler, seed=FLAGS.seed,
         actions=FLAGS.actions, num_frames=FLAGS.num_frames,
-        reason_shifts=FLAGS.reason_shifts))
+        reason_shifts=FLAGS.reason_shifts, max_new_tokens=FLAGS.max_new_tokens))
 
 if __name__ == "__main__":
   cli.tune_malloc()  # keep XLA's per-step CPU scratch memory (see mot/cli.py)

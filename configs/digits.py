@@ -47,6 +47,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.cond_drop_prob = 0.1             # P(caption blanked) per example, for CFG
   c.timestep_logit_mean = 0.0        # logit-normal timestep sampling (SD3): mean
   c.timestep_logit_std = 1.0         # ... and standard deviation
+  c.resolution_shift_tokens = 0      # resolution-dependent timestep shift (SD3): training's t
+                                     # and sampling's time grid move toward noise by
+                                     # sqrt(tokens of an image / this); 0: off (mot/latent.py)
 
   # ---- Logging and checkpoints. ----
   c.log_every_steps = 50             # metrics.jsonl / progress-bar interval
@@ -117,6 +120,11 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.data.task_weights = ml_collections.ConfigDict(  # task mix (interleaved: think, then draw)
       {"generation": 0.35, "reasoning": 0.45, "text": 0.1, "interleaved": 0.1})
 
+  # ---- The space the DM head denoises (mot/latent.py, docs/design.md §9). ----
+  c.latent = ml_collections.ConfigDict()
+  c.latent.vae = ""                  # "": image pixels; a diffusers AutoencoderKL folder: its
+                                     # scaled latents (with data.latent_cache)
+
   # ---- Model (becomes the frozen mot.config.ModelConfig). ----
   c.model = ml_collections.ConfigDict()
   c.model.vocab_size = 272           # token ids: the byte tokenizer's 272 (mot/tokenizer.py)
@@ -169,6 +177,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                                      # example, so rows of 44 or 128 train the same ones)
   c.sample.reason_shifts = 1         # reading: answer from the 9 views of the image shifted
                                      # by up to 1 px (the training shifts); 0: one view
+  c.sample.max_new_tokens = 16       # reading: most answer tokens sample.py decodes
+                                     # (--max_new_tokens overrides; stops at EOS)
 
   if variant == "tiny":
     c.num_train_steps = 4

@@ -12,8 +12,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from mot import tokenizer
-from mot.data import input_pipeline
+from mot import latent, tokenizer
+from mot.data import auto_config, input_pipeline
 from mot.errors import ConfigError, field  # noqa: F401  (mot.config.ConfigError, too)
 
 EXPERT_MODES = ("shared", "mode", "modality")
@@ -215,6 +215,10 @@ def validate_sample(sample: Any) -> None:
   _check(_is_int(reason_shifts) and 0 <= reason_shifts <= 2,
          f"config.sample.reason_shifts={reason_shifts!r} must be 0 (off), 1 or 2 (pixels of "
          "test-time shift when reading an image)")
+  tokens = field(sample, "max_new_tokens", "config.sample")
+  _check(_is_int(tokens) and tokens > 0,
+         f"config.sample.max_new_tokens={tokens!r} must be a positive integer (the most "
+         "answer tokens sampling decodes)")
   context = field(sample, "context_length", "config.sample")
   _check(_is_int(context) and context >= 0,
          f"config.sample.context_length={context!r} must be an integer >= 0 (the longest "
@@ -223,6 +227,7 @@ def validate_sample(sample: Any) -> None:
 
 def validate(config: Any) -> ModelConfig:
   """Validates a full run config; returns its frozen ModelConfig."""
+  auto_config.check_filled(config)
   validate_training(config)
   validate_sample(field(config, "sample"))
   try:
@@ -234,8 +239,9 @@ def validate(config: Any) -> ModelConfig:
          f"config.model.vocab_size={model.vocab_size} is smaller than the tokenizer's "
          f"{tokenizer.VOCAB_SIZE} ids: set it to {tokenizer.VOCAB_SIZE}")
   data = field(config, "data")
+  latent.check(config)   # a VAE's latents: patches of its channels (one-line errors)
   patch = field(data, "patch_size", "config.data") ** 2 * field(data, "channels", "config.data")
-  _check(patch == model.modality_patch_dims[1],
+  _check(bool(latent.vae_dir(config)) or patch == model.modality_patch_dims[1],
          f"config.model.modality_patch_dims[1]={model.modality_patch_dims[1]} must equal "
          f"config.data.patch_size**2 * config.data.channels = {patch} (an image patch's "
          "size)")

@@ -15,7 +15,7 @@ import ml_collections
 
 from mot.errors import CheckpointError
 
-CONFIG_VERSION = 2
+CONFIG_VERSION = 3
 VERSION_KEY = "config_version"
 
 # Fields read before version 1 with a fallback when a config lacked them: the fallback is
@@ -77,7 +77,25 @@ def _upgrade_to_v2(config: dict) -> None:
   _fill(config.setdefault("model", {}), _V2_MODEL)
 
 
-_UPGRADES = {0: _upgrade_to_v1, 1: _upgrade_to_v2}   # version v -> makes it v + 1
+# Version 3: answers' length and the user data's question became fields; before, sampling
+# decoded 16 tokens and user data asked the one question there was. Runs denoised pixels
+# with an unshifted training timestep.
+_V3_TOP = {"resolution_shift_tokens": 0, "latent": {"vae": ""}}
+_V3_SAMPLE = {"max_new_tokens": 16}
+_V3_USER_DATA = {"question": "Describe this image.", "latent_cache": ""}
+_V3_DATA_BY_DATASET = {"image_folder": _V3_USER_DATA, "array_record": _V3_USER_DATA}
+
+
+def _upgrade_to_v3(config: dict) -> None:
+  """Version 2 -> 3: sample.max_new_tokens, the latent space (pixels), the resolution
+  shift (off), and user data's data.question and data.latent_cache."""
+  _fill(config, _V3_TOP)
+  _fill(config.setdefault("sample", {}), _V3_SAMPLE)
+  data = config.setdefault("data", {})
+  _fill(data, _V3_DATA_BY_DATASET.get(data.get("dataset"), {}))
+
+
+_UPGRADES = {0: _upgrade_to_v1, 1: _upgrade_to_v2, 2: _upgrade_to_v3}  # v -> v + 1
 
 
 def saved_form(config: ml_collections.ConfigDict) -> dict[str, Any]:

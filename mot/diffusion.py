@@ -14,16 +14,26 @@ Array = jax.Array
 
 
 def block_timesteps(rng, block_ids: Array, noised: Array, mean: float = 0.0,
-                    std: float = 1.0) -> Array:
+                    std: float = 1.0, shift: float = 1.0) -> Array:
   """One logit-normal t per (row, block) (SD3), broadcast to its tokens; 0 elsewhere.
 
   block_ids int [B, L] are unique within a row (the packer renumbers them), so one normal
-  draw per (row, block id) gives every block its own t. Returns float32 [B, L].
+  draw per (row, block id) gives every block its own t. `shift` > 1 moves every t toward
+  noise (`shift_time`; the resolution-dependent shift, `mot.latent.timestep_shift`).
+  Returns float32 [B, L].
   """
   b, l = block_ids.shape
   z = mean + std * jax.random.normal(rng, (b, l + 1), jnp.float32)
   t = jax.nn.sigmoid(jnp.take_along_axis(z, jnp.clip(block_ids, 0, l), axis=1))
+  if shift != 1.0:  # static: unshifted runs keep their exact program
+    t = shift_time(t, shift)
   return jnp.where(noised, t, 0.0)
+
+
+def shift_time(t, shift: float):
+  """SD3's time shift t -> shift t / (1 + (shift - 1) t): 1 and 0 stay, the rest moves
+  toward 1 (noise) for shift > 1. Shifts compose by multiplying."""
+  return shift * t / (1.0 + (shift - 1.0) * t)
 
 
 def add_noise(x0: Array, noise: Array, t: Array) -> Array:
@@ -44,8 +54,7 @@ def velocity_loss(pred: Array, target: Array, token_mask: Array, dim_mask: Array
 
 def time_grid(steps: int, shift: float = 1.0) -> Array:
   """Decreasing times t_0 = 1 > ... > t_steps = 0; `shift` > 1 spends more steps near 1."""
-  t = jnp.linspace(1.0, 0.0, steps + 1)
-  return shift * t / (1.0 + (shift - 1.0) * t)
+  return shift_time(jnp.linspace(1.0, 0.0, steps + 1), shift)
 
 
 VelocityFn = Callable[[Array, Array], Array]   # (x_t [..], t scalar) -> v [..]

@@ -7,7 +7,9 @@ Digits checkpoints get the digits protocol (`mot.eval_digits`: reasoning accurac
 generation accuracy by an independent judge, Fréchet distance beside its floor);
 moving-digits checkpoints the video protocol (`mot.eval_video`); Shapes checkpoints the
 Shapes protocol (`mot.eval_shapes`: GenEval-style generation scores by a detector, VQA
-per question type, captioning, think-then-draw, Fréchet distance beside its floor).
+per question type, captioning, think-then-draw, Fréchet distance beside its floor); runs
+on your own images or clips the user-data protocol (`mot.eval_user`: caption exact match
+and similarity on the held-out pairs, real and drawn samples side by side).
 
 Writes DIR/eval.json (one record per evaluated step, newest last) and
 DIR/samples/grid_step_N.png (one row per digit; Shapes: one row per split and category;
@@ -29,12 +31,15 @@ from mot import cli, media
 from mot.errors import InputError
 from mot.eval_digits import evaluate_digits
 from mot.eval_shapes import evaluate_shapes, format_line
+from mot.eval_user import evaluate_user
 from mot.eval_video import evaluate_video
 
 EVAL_FILE = "eval.json"
 SAMPLES_DIR = "samples"
 PROTOCOLS = {"digits": evaluate_digits, "moving_digits": evaluate_video,
-             "shapes": evaluate_shapes}
+             "shapes": evaluate_shapes,
+             "image_folder": evaluate_user, "array_record": evaluate_user,
+             "video_folder": evaluate_user}
 
 
 def evaluate_pipeline(pipe, samples_per_digit: int = 20, steps=None, cfg_scale=None,
@@ -54,6 +59,11 @@ def evaluate_pipeline(pipe, samples_per_digit: int = 20, steps=None, cfg_scale=N
       return evaluate_shapes(pipe, samples_per_digit, steps, cfg_scale, sampler, seed,
                              set_size)
     return evaluate_video(pipe, samples_per_digit, steps, cfg_scale, sampler, seed)
+  if PROTOCOLS[dataset] is evaluate_user:
+    if reason_shifts:
+      raise InputError("--reason_shifts applies to the digits protocol; user data is read "
+                       "as it trained: drop it")
+    return evaluate_user(pipe, samples_per_digit, steps, cfg_scale, sampler, seed)
   return evaluate_digits(pipe, samples_per_digit, steps, cfg_scale, sampler, seed,
                          reason_shifts)
 
@@ -92,7 +102,10 @@ def write_sample_files(workdir: str, result: dict[str, Any]) -> np.ndarray:
   if world_model is not None:  # top row the real clips, bottom row the predicted ones
     result["world_model_gif"] = os.path.join(samples, f"world_model_step_{step}.gif")
     _save_grid_gif(result["world_model_gif"], np.concatenate(world_model))
-  if result.get("video"):  # clips [N, T, H, W]: one row per digit (its first clip), T columns
+  grid_image = result.pop("_grid", None)   # the user-data protocol draws its own grid
+  if grid_image is not None:
+    pass
+  elif result.get("video"):  # clips [N, T, H, W]: one row per digit (its first clip), T columns
     first = images.reshape(10, per_digit, *images.shape[1:])[:, 0]
     grid_image = media.grid(first.reshape(-1, *images.shape[2:]), rows=10)
     result["gif"] = os.path.join(samples, f"clips_step_{step}.gif")
@@ -124,6 +137,10 @@ def format_result(r: dict[str, Any]) -> str:
   on = "" if r.get("split", "held-out") == "held-out" else " (validation split)"
   if r.get("shapes"):
     return format_line(r)
+  if r.get("protocol") == "user":
+    return (f"step {r['step']}: caption exact match {100 * r['caption_exact_match']:.1f}% "
+            f"(similarity {r['caption_similarity']:.2f}) on {r['heldout_pairs']} held-out "
+            f"{'clips' if r['video'] else 'images'}")
   if r.get("video"):
     return (f"step {r['step']}{on}: video QA {100 * r['qa_accuracy']:.1f}% | identity "
             f"{100 * r['identity_accuracy']:.1f}% (real clips "

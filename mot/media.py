@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageSequence, UnidentifiedImageError
 
-from mot.data import digits
+from mot import patches
+from mot.data import digits, preprocess
 from mot.errors import InputError
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp",
@@ -86,9 +87,9 @@ def _on_white(img: Image.Image) -> Image.Image:
   return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba)
 
 
-def load_image(source: Any, size: int | None, channels: int = 1) -> np.ndarray:
-  """float32 in [0, 1] from a path or PIL image: [size, size] (channels 1) or
-  [size, size, 3] (channels 3).
+def load_image(source: Any, size: Any, channels: int = 1) -> np.ndarray:
+  """float32 in [0, 1] from a path or PIL image: [H, W] (channels 1) or [H, W, 3]
+  (channels 3), (H, W) = `size` (an int S: S x S).
 
   Any size is resampled (area-averaged when shrinking; `size=None` keeps the file's
   size), transparency composited onto white. channels 1: any mode is made grayscale, and
@@ -114,22 +115,23 @@ def load_image(source: Any, size: int | None, channels: int = 1) -> np.ndarray:
   return arr.astype(np.float32) if size is None else resize_unit(arr, size)
 
 
-def resize_unit(arr: np.ndarray, size: int) -> np.ndarray:
-  """float [H, W] or [H, W, C] in [0, 1] -> float32 [size, size(, C)], area-averaged when
-  shrinking, bilinear when growing."""
-  if arr.shape[:2] == (size, size):
+def resize_unit(arr: np.ndarray, size: Any) -> np.ndarray:
+  """float [h, w] or [h, w, C] in [0, 1] -> float32 [H, W(, C)] ((H, W) = `size`, an int
+  S: S x S), area-averaged when shrinking, bilinear when growing."""
+  h, w = patches.image_shape(size)
+  if arr.shape[:2] == (h, w):
     return arr.astype(np.float32)
   if arr.ndim == 3:
-    return np.stack([resize_unit(arr[..., c], size) for c in range(arr.shape[-1])], -1)
-  shrink = arr.shape[0] >= size and arr.shape[1] >= size
+    return np.stack([resize_unit(arr[..., c], (h, w)) for c in range(arr.shape[-1])], -1)
+  shrink = arr.shape[0] >= h and arr.shape[1] >= w
   method = Image.Resampling.BOX if shrink else Image.Resampling.BILINEAR
-  out = Image.fromarray(arr.astype(np.float32), mode="F").resize((size, size), method)
+  out = Image.fromarray(arr.astype(np.float32), mode="F").resize((w, h), method)
   return np.clip(np.asarray(out, np.float32), 0.0, 1.0)
 
 
-def to_unit_images(images: Any, size: int, channels: int = 1) -> tuple[np.ndarray, bool]:
-  """(float32 [N, size, size] (channels 1) or [N, size, size, 3] in [0, 1], whether a
-  single image was given).
+def to_unit_images(images: Any, size: Any, channels: int = 1) -> tuple[np.ndarray, bool]:
+  """(float32 [N, H, W] (channels 1) or [N, H, W, 3] in [0, 1] ((H, W) = `size`, an int
+  S: S x S), whether a single image was given).
 
   Arrays: [H, W] / [N, H, W] (channels 1) or [H, W, 3] / [N, H, W, 3]; uint8 is read as
   0..255; for channels 1, floats with a maximum above 1 as the digits scale 0..16, other
@@ -151,6 +153,39 @@ def to_unit_images(images: Any, size: int, channels: int = 1) -> tuple[np.ndarra
   single = arr.ndim == rank
   arr = _unit_scale(arr[None] if single else arr, channels)
   return np.stack([resize_unit(x, size) for x in arr]), single
+
+
+def to_run_images(images: Any, options: preprocess.ImageOptions) -> tuple[np.ndarray, bool]:
+  """(float32 [N, *options.shape] in [0, 1], whether a single image was given): images
+  through a user-data run's own preprocessing (`mot.data.preprocess`: size, channels,
+  crop / pad / stretch, invert), exactly as its training files were read.
+
+  Paths and PIL images are decoded as training decoded its files; arrays [H, W(, C)] /
+  [N, H, W(, C)] (uint8 0..255 or floats 0..1, any size; C = options.channels) are the
+  decoded pixels, fitted the same way.
+  """
+  if isinstance(images, (str, os.PathLike, Image.Image)):
+    name = "PIL image" if isinstance(images, Image.Image) else os.fspath(images)
+    if not isinstance(images, Image.Image) and not os.path.isfile(name):
+      raise InputError(f"image {name} does not exist or is not a file")
+    try:
+      return preprocess.load_unit(images, options, name)[None], True
+    except ValueError as e:
+      raise InputError(str(e)) from None
+  if isinstance(images, (list, tuple)):
+    if not images:
+      raise InputError("images is an empty list")
+    return np.concatenate([to_run_images(x, options)[0] for x in images]), False
+  arr = np.asarray(images)
+  rank = 2 if options.channels == 1 else 3
+  if (arr.ndim not in (rank, rank + 1) or arr.size == 0
+      or (rank == 3 and arr.shape[-1] != options.channels)):
+    shapes = ("[H, W] or [N, H, W]" if rank == 2 else
+              f"[H, W, {options.channels}] or [N, H, W, {options.channels}]")
+    raise InputError(f"images must be an array {shapes}, got shape {arr.shape}")
+  single = arr.ndim == rank
+  arr = _unit_scale(arr[None] if single else arr, 3)  # [0, 1] or uint8: no digits scale
+  return np.stack([preprocess.fit(x, options) for x in arr]), single
 
 
 def _unit_scale(arr: np.ndarray, channels: int) -> np.ndarray:
@@ -204,10 +239,10 @@ def save_gif(path: str, frames01: np.ndarray, scale: int = GIF_SCALE,
                  loop=0)
 
 
-def load_clip(source: str, size: int | None, channels: int = 1) -> np.ndarray:
-  """float32 [T, size, size(, 3)] in [0, 1]: the frames of a GIF (or other multi-frame
-  image) or of a folder's image files (sorted by name), each read as `load_image` reads
-  one."""
+def load_clip(source: str, size: Any, channels: int = 1) -> np.ndarray:
+  """float32 [T, H, W(, 3)] in [0, 1] ((H, W) = `size`, an int S: S x S; None: the first
+  frame's): the frames of a GIF (or other multi-frame image) or of a folder's image files
+  (sorted by name), each read as `load_image` reads one."""
   name = os.fspath(source)
   if os.path.isdir(name):
     return np.stack([load_image(p, size, channels) for p in image_paths([name])])
@@ -222,7 +257,7 @@ def load_clip(source: str, size: int | None, channels: int = 1) -> np.ndarray:
                      ) from None
   frames, durations = zip(*read)
   if size is None:
-    size = frames[0].height
+    size = (frames[0].height, frames[0].width)
   clip = np.stack([load_image(f, size, channels) for f in frames])
   return np.repeat(clip, frame_repeats(list(durations)), axis=0)
 

@@ -39,3 +39,26 @@ def unpatchify(tokens: np.ndarray, patch_size: int, channels: int) -> np.ndarray
   x = tokens.reshape(*lead, hp, wp, p, p, c)
   x = np.moveaxis(x, -3, -4)  # [..., hp, p, wp, p, C]
   return x.reshape(*lead, hp * p, wp * p, c)
+
+
+def image_shape(size) -> tuple[int, int]:
+  """(H, W) of a config's image size: an int S (S x S), or a pair / one-element sequence
+  (H, W) / (S,) as the command line gives tuples (`--config.data.image_size='(24, 32)'`)."""
+  if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
+    return int(size), int(size)
+  if isinstance(size, (tuple, list)) and len(size) in (1, 2) and all(
+      isinstance(s, (int, np.integer)) and not isinstance(s, bool) for s in size):
+    return int(size[0]), int(size[-1])
+  raise ValueError(f"image size {size!r} must be an int S (S x S pixels) or a pair (H, W)")
+
+
+def to_patches(images: np.ndarray, patch_size: int, channels: int) -> np.ndarray:
+  """`patchify` of images [..., H, W] (channels 1) or [..., H, W, C]."""
+  images = np.asarray(images)
+  return patchify(images[..., None] if channels == 1 else images, patch_size)
+
+
+def from_patches(tokens: np.ndarray, patch_size: int, channels: int) -> np.ndarray:
+  """Inverse of `to_patches`: [..., H, W] (channels 1) or [..., H, W, C]."""
+  out = unpatchify(tokens, patch_size, channels)
+  return out[..., 0] if channels == 1 else out

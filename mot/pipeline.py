@@ -13,11 +13,22 @@ A moving-digits checkpoint (config.data.dataset="moving_digits") works on clips:
   video.infer_actions(clip)                         # inverse dynamics -> [1, T - 1, 2]
   video.reason("Which digit moves, and where?", video=clip)   # -> "3, right"
 
+A checkpoint trained on your own images or clips (configs/image_folder.py,
+configs/video_folder.py) reads a file exactly as its training files were read
+(`mot.data.preprocess`: size, channels, crop / pad / stretch, invert), asks the question it
+trained on and answers up to its longest caption by default:
+
+  mine = mot.Pipeline.from_workdir("runs/mine")
+  mine.reason(images="photo.jpg")                   # "Describe this image." -> a caption
+  mine.generate("a red bicycle", num_samples=4)     # -> float32 [4, H, W, 3] in [0, 1]
+
 Prompts use the training layouts (`mot.prompts.PromptBuilder`, built by the same
 `SequenceBuilder` as the data). Images come in as arrays (digits scale [0, 16] or [0, 1]),
 paths or PIL images of any size and colour mode (`mot.media`), and go out in [0, 1]
 (1 = most ink): [N, H, W] for a grayscale checkpoint, [N, H, W, 3] for an RGB one
-(config.data.channels). All heavy work is batched and jitted in `mot.sampling`.
+(config.data.channels), at the trained (H, W). A latent run (config.latent.vae) encodes
+images and decodes its samples with its VAE (`mot.latent`). All heavy work is batched and
+jitted in `mot.sampling`.
 """
 from __future__ import annotations
 
@@ -32,10 +43,12 @@ import numpy as np
 
 from mot import checkpoint as ckpt_lib
 from mot import config as config_lib
-from mot import config_upgrade, media, patches, sampling
+from mot import config_upgrade, latent, media, patches, sampling
+from mot import vae as vae_lib
 from mot import sample_options as opts
 from mot import tokenizer as tokenizer_lib
-from mot.data import moving_digits, shapes, shapes_grammar, shapes_tasks, tasks
+from mot.data import (clip_files, input_pipeline, moving_digits, preprocess, shapes,
+                      shapes_grammar, shapes_tasks, tasks)
 from mot.errors import CheckpointError, ConfigError, InputError
 from mot.model import MoT
 from mot.prompts import PromptBuilder
@@ -45,6 +58,7 @@ SHAPES_QUESTION = shapes_grammar.DESCRIBE_QUESTION
 VIDEO_QUESTION = moving_digits.QUESTION
 MAX_DECODE_BATCH = 256                    # rows per jitted decode call
 MAX_SAMPLE_BATCH = 128                    # samples per jitted denoise call (x2 with CFG)
+THINK_TOKENS = 8                          # think_then_draw's answers: a short plan
 
 
 class Pipeline:
@@ -69,33 +83,46 @@ class Pipeline:
     self.step = step
     self.tokenizer = tokenizer_lib.Tokenizer()
     data, sample = config.data, config.sample
-    self.is_video = data.dataset == "moving_digits"
-    self.is_shapes = data.dataset == shapes_tasks.DATASET   # no reading window either
+    self.dataset = str(data.dataset)
+    self.is_video = self.dataset in input_pipeline.VIDEO_DATASETS
+    self.is_shapes = self.dataset == shapes_tasks.DATASET   # no reading window either
     self.patch_size = int(data.patch_size)
     self.channels = int(data.channels)
-    self.image_size = int(data.canvas_size if self.is_video else data.image_size)
+    self.image_shape = patches.image_shape(
+        data.canvas_size if self.dataset == "moving_digits" else data.image_size)
+    h, w = self.image_shape
+    self.image_size = h if h == w else self.image_shape   # the side, for square images
     self.num_frames = int(data.num_frames) if self.is_video else None
+    # User data: a file is read by the run's own preprocessing (size, channels, crop /
+    # pad / stretch, invert), the function its training files went through.
+    self.image_options = (preprocess.image_options(data)
+                          if self.dataset not in input_pipeline.DIGIT_DATASETS else None)
+    self.question = run_question(config)
+    self.default_max_new_tokens = int(sample.max_new_tokens)
+    self.vae = load_vae(config)     # latent runs: images <-> the VAE's scaled latents
     self.prompts = PromptBuilder(
         patch_dim=self.model_cfg.patch_dim, patch_size=self.patch_size,
-        image_size=self.image_size, channels=self.channels,
+        image_size=latent.image_grid(config), channels=latent.model_channels(config),
         read_window=0 if self.is_video or self.is_shapes else int(data.read_window),
         video_layout=str(data.video_layout) if self.is_video else "clip",
-        action_dim=self.model_cfg.modality_patch_dims[3], tokenizer=self.tokenizer)
+        action_dim=self.model_cfg.modality_patch_dims[3], tokenizer=self.tokenizer,
+        encode=None if self.vae is None else self.encode_latents)
     # Positions restart at 0 in every packed example, so the training row's length does
     # not bound what the model reads: sample.context_length may allow more.
     self.context_length = max(int(data.seq_len), int(sample.context_length))
     self.default_steps = int(sample.steps)
     self.default_sampler = str(sample.sampler)
     self.default_cfg_scale = float(sample.cfg_scale)
-    self.time_shift = float(sample.shift)
+    # config.sample.shift, composed with the resolution shift training used (if any).
+    self.time_shift = float(sample.shift) * latent.timestep_shift(config)
     self.default_reason_shifts = int(sample.reason_shifts)
     # Answer budgets (with the end token) that hold the data's longest answer: a digit,
     # or a Shapes caption ("Describe this image.") and think-then-draw answer.
-    self.default_max_new_tokens, self.default_draw_tokens = 16, 8
+    self.default_draw_tokens = THINK_TOKENS
     if self.is_shapes:
       longest = shapes.max_text_tokens(shapes_tasks.scene_options(data))
-      self.default_max_new_tokens = max(16, longest["answer"] + 1)
-      self.default_draw_tokens = max(8, longest["draw_answer"] + 1)
+      self.default_max_new_tokens = max(self.default_max_new_tokens, longest["answer"] + 1)
+      self.default_draw_tokens = max(THINK_TOKENS, longest["draw_answer"] + 1)
 
   @classmethod
   def from_workdir(cls, workdir: str, use_ema: bool = True, step: int | None = None
@@ -124,12 +151,14 @@ class Pipeline:
           f"{self.context_length} (the larger of config.data.seq_len and "
           "config.sample.context_length): shorten the prompt")
 
-  def require_video(self, what: str) -> None:
-    """Refuses `what` (an option or method that needs clips) on an image checkpoint."""
-    if not self.is_video:
-      raise InputError(f"{what} needs a video checkpoint (config.data.dataset="
-                       f"'moving_digits'); this one was trained on "
-                       f"{self.config.data.dataset!r}")
+  def require_video(self, what: str, actions: bool = False) -> None:
+    """Refuses `what` (an option or method that needs clips, or with `actions` clips
+    with actions: the moving digits) on a checkpoint trained on other data."""
+    if not self.is_video or (actions and self.dataset != "moving_digits"):
+      need = ("'moving_digits' (clips with actions)" if actions
+              else " or ".join(repr(d) for d in input_pipeline.VIDEO_DATASETS))
+      raise InputError(f"{what} needs a video checkpoint (config.data.dataset={need}); "
+                       f"this one was trained on {self.dataset!r}")
 
   def sampling_settings(self, num_samples: int = 1, steps: int | None = None,
                         cfg_scale: float | None = None, sampler: str | None = None
@@ -142,17 +171,33 @@ class Pipeline:
 
   # -------------------------------------------------------------------------- inputs ----
   def unit_images(self, images: Any) -> tuple[np.ndarray, bool]:
-    """float32 [N, S, S(, C)] in [0, 1] at the model's image size and channels, and
-    whether one image was given."""
-    return media.to_unit_images(images, self.image_size, self.channels)
+    """float32 [N, H, W(, C)] in [0, 1] at the model's image size and channels, and
+    whether one image was given (user data: through the run's preprocessing)."""
+    if self.image_options is not None:
+      return media.to_run_images(images, self.image_options)
+    return media.to_unit_images(images, self.image_shape, self.channels)
+
+  def load_clip(self, path: Any) -> np.ndarray:
+    """float32 [T, H, W(, C)] in [0, 1] of a clip file (GIF, folder of frames; user
+    video: also MP4, its first config.data.num_frames frames through the run's
+    preprocessing)."""
+    if self.image_options is None:
+      return media.load_clip(path, self.image_shape, self.channels)
+    if not os.path.exists(path):
+      raise InputError(f"clip {path} does not exist")
+    try:
+      return clip_files.load_clip(os.fspath(path), self.image_options, self.num_frames)
+    except ValueError as e:
+      raise InputError(str(e)) from None
 
   def clips(self, video: Any) -> np.ndarray:
-    """float32 [N, T, S, S] in [0, 1] from frames [T, H, W] / clips [N, T, H, W] (digits
-    scale 0..16 or 0..1), or a GIF path / folder of frames (or a list of them)."""
+    """float32 [N, T, H, W(, C)] in [0, 1] from frames [T, H, W(, C)] / clips [N, T, ...]
+    (digits scale 0..16 or 0..1), or a clip path (GIF, folder of frames, user video: MP4)
+    or a list of them."""
     if isinstance(video, (str, os.PathLike)):
-      return media.load_clip(video, self.image_size, self.channels)[None]
+      return self.load_clip(video)[None]
     if isinstance(video, (list, tuple)) and video and isinstance(video[0], (str, os.PathLike)):
-      clips = [media.load_clip(v, self.image_size, self.channels) for v in video]
+      clips = [self.load_clip(v) for v in video]
       if len({len(c) for c in clips}) != 1:
         raise InputError(f"clips have different frame counts {[len(c) for c in clips]}: "
                          "give clips of one length per call")
@@ -176,15 +221,17 @@ class Pipeline:
     """Answers prompts with the AR head, in one batched jitted decode (chunked if large).
 
     Args:
-      prompt: a string or a list of strings; None asks the checkpoint's own question
-        ("What digit is this?", or "Which digit moves, and where?" for clips).
+      prompt: a string or a list of strings; None asks the question the run trained on
+        (`self.question`: "What digit is this?", "Which digit moves, and where?" for
+        moving digits, config.data.question for user data, e.g. "Describe this image.").
       images: None; an array [H, W] / [N, H, W] (digits scale 0..16, or 0..1); a path,
         PIL image, or a list of them. With N images and one prompt, one answer per image;
         with N prompts, image i goes with prompt i.
       video: None; frames [T, H, W] (same scales), one clip for every prompt; clips
         [N, T, H, W] (or GIF paths / frame folders), one answer per clip as for images.
-      max_new_tokens: most tokens per answer; decoding stops at EOS. None: 16, or for a
-        Shapes checkpoint the longest caption plus its end token (so a "Describe this
+      max_new_tokens: most tokens per answer; decoding stops at EOS. None takes
+        config.sample.max_new_tokens (user data: the run's longest caption and its EOS;
+        Shapes: at least the longest caption and its EOS, so that a "Describe this
         image." answer is complete).
       temperature: 0 is greedy; otherwise top_k (0 = off) and top_p (1 = off) filter.
       seed: sampling seed (row i always draws from the same stream).
@@ -197,8 +244,7 @@ class Pipeline:
       The answer (str) for one prompt and at most one image, else a list of answers.
     """
     if prompt is None:
-      prompt = (VIDEO_QUESTION if self.is_video else SHAPES_QUESTION if self.is_shapes
-                else DEFAULT_QUESTION)
+      prompt = self.question
     prompts, single = opts.prompt_list(prompt)
     if max_new_tokens is None:
       max_new_tokens = self.default_max_new_tokens
@@ -313,7 +359,7 @@ class Pipeline:
       float32 [N * num_samples, K + 1, H, W] in [0, 1]: the given first frame, then the
       K predicted frames (frame-major per first frame, as `generate` is prompt-major).
     """
-    self.require_video("predict")
+    self.require_video("predict", actions=True)
     steps, cfg_scale, sampler = self.sampling_settings(num_samples, steps, cfg_scale, sampler)
     seed = opts.check_seed(seed)
     frames, _ = self.unit_images(first_frames)
@@ -329,7 +375,7 @@ class Pipeline:
                     seed: int = 0) -> np.ndarray:
     """Inverse dynamics: clip(s) [T, H, W] / [N, T, H, W] (or GIF paths) -> float32
     [N, T - 1, 2] (dx, dy) actions drawn by the DM head (no guidance)."""
-    self.require_video("infer_actions")
+    self.require_video("infer_actions", actions=True)
     steps, _, sampler = self.sampling_settings(1, steps, 1.0, sampler)
     seed = opts.check_seed(seed)
     clips = self.clips(video)
@@ -383,12 +429,30 @@ class Pipeline:
     return np.concatenate(out)
 
   def to_images(self, tokens: np.ndarray) -> np.ndarray:
-    """[N, M, P] model-scale patches -> float32 [N, H, W] (or [N, H, W, C]) in [0, 1]."""
-    ps, c = self.patch_size, self.channels
-    grid_side = self.image_size // ps
-    x = tokens[..., :ps * ps * c].reshape(-1, grid_side, grid_side, ps * ps * c)
-    images = np.clip((patches.unpatchify(x, ps, c) + 1.0) / 2.0, 0.0, 1.0)
-    return (images[..., 0] if c == 1 else images).astype(np.float32)
+    """[N, M, P] model-scale patches -> float32 [N, H, W] (or [N, H, W, C]) in [0, 1]
+    (latent runs: the latents decoded by the VAE)."""
+    ps, c = self.patch_size, self.prompts.channels
+    h, w = patches.image_shape(self.prompts.image_size)
+    x = tokens[..., :ps * ps * c].reshape(-1, h // ps, w // ps, ps * ps * c)
+    return self.to_unit(patches.from_patches(x, ps, c))
+
+  def to_unit(self, arrays: np.ndarray) -> np.ndarray:
+    """The model's arrays (images in [-1, 1], or a latent run's scaled latents
+    [N, h, w, C]) -> float32 images in [0, 1]."""
+    if self.vae is not None:
+      decoded = [self.vae.decode(self.vae.unscale_latents(arrays[i:i + MAX_SAMPLE_BATCH]))
+                 for i in range(0, len(arrays), MAX_SAMPLE_BATCH)]
+      arrays = np.concatenate([np.asarray(d, np.float32) for d in decoded])
+    return np.clip((arrays + 1.0) / 2.0, 0.0, 1.0).astype(np.float32)
+
+  def encode_latents(self, unit: np.ndarray) -> np.ndarray:
+    """Images [..., H, W, 3] in [0, 1] -> the VAE's scaled latents [..., h, w, C] (the
+    posterior mean, as the latent cache holds)."""
+    x = media.to_model_scale(unit)
+    lead = x.shape[:-3]
+    z = self.vae.scale_latents(self.vae.encode(x.reshape(-1, *x.shape[-3:])))
+    z = np.asarray(z, np.float32)
+    return z.reshape(*lead, *z.shape[1:])
 
   # -------------------------------------------------------------------------- both ------
   def think_then_draw(self, prompt: str | Sequence[str], num_samples: int = 1,
@@ -403,8 +467,9 @@ class Pipeline:
     "4" -> an image of a 4. The sequence is BOS, [context image], prompt, answer (all
     conditioning), image: a Shapes prompt ("draw three of the shape that is red:") is
     about a context image, one per prompt (or one for all), given as `reason`'s images.
-    max_new_tokens None: 8, or the longest Shapes draw answer plus its end token.
-    Returns (answer or list of answers, float32 [len(prompts) * num_samples, H, W(, C)]).
+    max_new_tokens None: THINK_TOKENS, or the longest Shapes draw answer plus its end
+    token. Returns (answer or list of answers, float32 [len(prompts) * num_samples, H,
+    W(, C)]).
     """
     prompts, single = opts.prompt_list(prompt)
     if self.is_video:
@@ -416,7 +481,7 @@ class Pipeline:
     steps, cfg_scale, sampler = self.sampling_settings(num_samples, steps, cfg_scale, sampler)
     seed = opts.check_seed(seed)
     contexts = self._draw_contexts(prompts, images)
-    m = (self.image_size // self.patch_size) ** 2
+    m = latent.image_tokens(self.config)
     asks = []
     for p, context in zip(prompts, contexts):
       ex = self.prompts.reasoning_prompt(p, context)
@@ -440,6 +505,28 @@ class Pipeline:
       raise InputError(f"{len(prompts)} prompts for {len(unit)} images: give one image, or "
                        "one per prompt")
     return [unit[i if len(unit) > 1 else 0] for i in range(len(prompts))]
+
+
+def load_vae(config: Any) -> vae_lib.VAE | None:
+  """The VAE of a latent run (config.latent.vae), or None for pixels."""
+  path = latent.vae_dir(config)
+  if not path:
+    return None
+  try:
+    return vae_lib.load_diffusers(path)
+  except vae_lib.VAEError as e:
+    raise ConfigError(f"config.latent.vae: {e}") from None
+
+
+def run_question(config: Any) -> str:
+  """The question the run's reading task asked: the digits', the moving digits', Shapes'
+  "Describe this image.", or config.data.question (user data)."""
+  dataset = config.data.dataset
+  if dataset in input_pipeline.DIGIT_DATASETS:
+    return VIDEO_QUESTION if dataset == "moving_digits" else DEFAULT_QUESTION
+  if dataset == shapes_tasks.DATASET:
+    return SHAPES_QUESTION
+  return str(config.data.question)
 
 
 def shift(image: np.ndarray, dy: int, dx: int) -> np.ndarray:

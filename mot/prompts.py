@@ -9,7 +9,8 @@ Images come in as float [H, W] (grayscale) or [H, W, C] in [0, 1] (`mot.media`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -26,13 +27,16 @@ class PromptBuilder:
   """Builds sampling prompts in one checkpoint's training layouts."""
   patch_dim: int             # P: width of the `patches` field (model.patch_dim)
   patch_size: int            # pixels per patch side (data.patch_size)
-  image_size: int            # image (or video frame) side in pixels
-  channels: int              # 1: grayscale images [H, W]; 3: RGB images [H, W, 3]
+  image_size: Any           # image (or video frame) size: (H, W), or an int S for S x S
+  channels: int              # 1: grayscale images [H, W]; C: images [H, W, C]
   read_window: int           # reading images: the window each patch token carries (0: off)
   video_layout: str          # "clip" (one block) or "frames" (one block a frame)
   action_dim: int            # real dims of an action patch (model.modality_patch_dims[3])
   tokenizer: tokenizer_lib.Tokenizer = dataclasses.field(
       default_factory=tokenizer_lib.Tokenizer)
+  # Latent runs: images [..., H, W, 3] in [0, 1] -> the VAE's scaled latents [..., h, w, C]
+  # (then image_size is (h, w) and channels C); None: pixels in [-1, 1].
+  encode: Callable[[np.ndarray], np.ndarray] | None = None
 
   def _start(self) -> SequenceBuilder:
     b = SequenceBuilder(self.patch_dim)
@@ -40,11 +44,10 @@ class PromptBuilder:
     return b
 
   def _patches(self, unit: np.ndarray) -> np.ndarray:
-    """Patches [..., g, g, P'] of images [..., H, W(, C)] in [0, 1]."""
-    scaled = media.to_model_scale(unit)
-    if self.channels == 1:
-      scaled = scaled[..., None]
-    return patches.patchify(scaled, self.patch_size)
+    """Patches [..., H/p, W/p, P'] of images [..., H, W(, C)] in [0, 1] (latent runs:
+    of their latents)."""
+    x = media.to_model_scale(unit) if self.encode is None else self.encode(unit)
+    return patches.to_patches(x, self.patch_size, self.channels)
 
   def reasoning_prompt(self, text: str, image: np.ndarray | None = None,
                        video: np.ndarray | None = None) -> dict[str, np.ndarray]:
@@ -74,14 +77,18 @@ class PromptBuilder:
     return b.build()
 
   def blank_frames(self, n: int) -> np.ndarray:
-    """Patches [n, g, g, P'] of n empty frames (the shape of the blocks to draw)."""
+    """Patches [n, H/p, W/p, P'] of n empty frames (the shape of the blocks to draw)."""
+    if self.encode is not None:  # the noised block's values are never read: its shape
+      h, w = patches.image_shape(self.image_size)
+      p = self.patch_size
+      return np.zeros((n, h // p, w // p, p * p * self.channels), np.float32)
     return self._patches(np.zeros((n, *self.frame_shape), np.float32))
 
   @property
   def frame_shape(self) -> tuple[int, ...]:
     """Shape of one image or frame in [0, 1]: (H, W) grayscale, (H, W, C) otherwise."""
-    side = self.image_size
-    return (side, side) if self.channels == 1 else (side, side, self.channels)
+    h, w = patches.image_shape(self.image_size)
+    return (h, w) if self.channels == 1 else (h, w, self.channels)
 
   def add_frames_to_draw(self, b: SequenceBuilder, num_frames: int,
                          drawn: np.ndarray | None, given: np.ndarray | None = None) -> None:

@@ -23,8 +23,9 @@ import numpy as np
 
 from mot import media
 from mot import sample_options as opts
+from mot.data import clip_files
 from mot.errors import InputError
-from mot.pipeline import DEFAULT_QUESTION, VIDEO_QUESTION, Pipeline, parse_actions
+from mot.pipeline import Pipeline, parse_actions
 
 MODES = ("reason", "generate", "think_then_draw")
 
@@ -46,6 +47,7 @@ class Request:
   actions: str | None = None
   num_frames: int | None = None
   reason_shifts: int | None = None
+  max_new_tokens: int | None = None
 
 
 def check_out_dir(out: str | None, mode: str) -> None:
@@ -86,6 +88,11 @@ def check_request(r: Request) -> np.ndarray | None:
                      "the clip has one frame per action plus the first)")
   if r.num_frames is not None and r.num_frames < 1:
     raise InputError(f"--num_frames={r.num_frames} must be >= 1")
+  if r.max_new_tokens is not None:
+    if r.mode == "generate":
+      raise InputError("--max_new_tokens bounds answers (--mode reason or think_then_draw), "
+                       "not --mode generate: drop it")
+    opts.check_decoding(r.max_new_tokens, 0.0, 0, 1.0)
   if not r.prompts and r.mode != "reason" and actions is None:
     raise InputError(f"--mode {r.mode} needs --prompt")
   if r.prompts:
@@ -111,7 +118,7 @@ def run_sample(request: Request, stdout=None) -> None:
   actions = check_request(request)
   paths = media.image_paths(request.images)
   for path in paths:  # every file is read (and checked) before the checkpoint is
-    media.load_image(path, None)
+    check_input_file(path)
   pipe = Pipeline.from_workdir(request.workdir)
   if not pipe.is_video and (actions is not None or request.num_frames is not None):
     pipe.require_video("--actions" if actions is not None else "--num_frames")
@@ -128,17 +135,31 @@ def run_sample(request: Request, stdout=None) -> None:
     draw_images(pipe, request, settings, stdout)
 
 
+def check_input_file(path: str) -> None:
+  """Reads an --images file once (a clip file: its frames counted), so a bad one fails
+  before the checkpoint loads."""
+  if not clip_files.is_video_file(path):
+    media.load_image(path, None)
+    return
+  try:
+    clip_files.check_clip(path)
+  except ValueError as e:
+    raise InputError(str(e)) from None
+
+
 def reason_images(pipe: Pipeline, r: Request, paths: list[str], stdout) -> None:
-  """--mode reason on an image checkpoint: every prompt about every image (or text)."""
-  prompts = list(r.prompts) or [DEFAULT_QUESTION]
+  """--mode reason on an image checkpoint: every prompt (default: the question the run
+  trained on) about every image (or text)."""
+  prompts = list(r.prompts) or [pipe.question]
   if paths:
     pairs = [(path, p) for path in paths for p in prompts]
     answers = pipe.reason([p for _, p in pairs], seed=r.seed,
                           images=[path for path in paths for _ in prompts],
-                          shifts=r.reason_shifts)
+                          shifts=r.reason_shifts, max_new_tokens=r.max_new_tokens)
   else:
     pairs = [(None, p) for p in prompts]
-    answers = pipe.reason(prompts, seed=r.seed, shifts=r.reason_shifts)
+    answers = pipe.reason(prompts, seed=r.seed, shifts=r.reason_shifts,
+                          max_new_tokens=r.max_new_tokens)
   print_answers(pairs, answers, r.as_json, stdout, "image")
 
 
@@ -153,9 +174,9 @@ def draw_images(pipe: Pipeline, r: Request, settings: dict, stdout) -> None:
     images = pipe.generate(prompts, r.num_samples, steps, cfg_scale, sampler, r.seed)
   else:
     contexts = media.image_paths(r.images) or None   # Shapes: one per prompt, or one
-    answers, images = pipe.think_then_draw(prompts, r.num_samples, steps=steps,
-                                           cfg_scale=cfg_scale, sampler=sampler, seed=r.seed,
-                                           images=contexts)
+    answers, images = pipe.think_then_draw(
+        prompts, r.num_samples, max_new_tokens=r.max_new_tokens, steps=steps,
+        cfg_scale=cfg_scale, sampler=sampler, seed=r.seed, images=contexts)
   records = []
   for k in range(len(images)):
     i, s = divmod(k, r.num_samples)
@@ -188,7 +209,8 @@ def run_video(pipe: Pipeline, r: Request, settings: dict, actions: np.ndarray | 
   records = []
   if actions is not None:
     paths = media.image_paths(r.images)
-    first = np.stack([media.load_image(p, pipe.image_size, pipe.channels) for p in paths])
+    pipe.require_video("--actions", actions=True)
+    first = pipe.unit_images(paths)[0]
     clips = pipe.predict(first, actions, r.num_samples, steps, cfg_scale, sampler, r.seed)
     settings["actions"] = actions.tolist()
     for k in range(len(clips)):
@@ -212,17 +234,19 @@ def run_video(pipe: Pipeline, r: Request, settings: dict, actions: np.ndarray | 
 
 
 def reason_clips(pipe: Pipeline, r: Request, stdout) -> None:
-  """--mode reason on a video checkpoint: each --images item is one clip."""
-  prompts = list(r.prompts) or [VIDEO_QUESTION]
-  clips = [media.load_clip(item, pipe.image_size, pipe.channels) for item in r.images]
+  """--mode reason on a video checkpoint: each --images item is one clip (default prompt:
+  the question the run trained on)."""
+  prompts = list(r.prompts) or [pipe.question]
+  clips = [pipe.load_clip(item) for item in r.images]
   if clips:
     pairs = [(item, p) for item in r.images for p in prompts]
     answers = []
     for clip in clips:  # clips may differ in length: one batched call per clip
-      answers += pipe.reason(prompts, video=clip, seed=r.seed)
+      answers += pipe.reason(prompts, video=clip, seed=r.seed,
+                             max_new_tokens=r.max_new_tokens)
   else:
     pairs = [(None, p) for p in prompts]
-    answers = pipe.reason(prompts, seed=r.seed)
+    answers = pipe.reason(prompts, seed=r.seed, max_new_tokens=r.max_new_tokens)
   print_answers(pairs, answers, r.as_json, stdout, "clip")
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import optax
 
 from mot import config as config_lib
-from mot import diffusion, experts, sharding
+from mot import diffusion, experts, latent, sharding
 from mot.model import MoT, inputs_from_batch
 
 Array = jax.Array
@@ -137,7 +137,8 @@ def compute_losses(params, batch, rng, model: MoT, config, train: bool = True):
   noised = batch["dm_mask"] > 0
   x0 = batch["patches"]
   t = diffusion.block_timesteps(rng_t, batch["block_ids"], noised,
-                                config.timestep_logit_mean, config.timestep_logit_std)
+                                config.timestep_logit_mean, config.timestep_logit_std,
+                                latent.timestep_shift(config))
   dims = patch_dim_mask(batch["modality"], cfg.modality_patch_dims, cfg.patch_dim)
   noise = jax.random.normal(rng_noise, x0.shape, jnp.float32) * dims
   x_t = jnp.where(noised[..., None], diffusion.add_noise(x0, noise, t), x0)

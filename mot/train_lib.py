@@ -20,7 +20,7 @@ from mot import checkpoint as ckpt_lib
 from mot import config as config_lib
 from mot import config_upgrade
 from mot import evaluate, plot, sharding, summary
-from mot.data import input_pipeline, packing
+from mot.data import auto_config, input_pipeline, packing
 from mot.errors import TrainingError  # noqa: F401  (raised here; also mot.train_lib's name)
 from mot.pipeline import Pipeline
 from mot.step import TrainState, build_training, weighted_eval_means
@@ -181,12 +181,13 @@ RESUMABLE_DATA_FIELDS = ("task_weights", "shift_pixels", "rotate_degrees", "scal
 
 
 def check_resumable(workdir: str, step: int, config) -> None:
-  """Refuses to resume a checkpoint whose model or data layout differs from `config`."""
+  """Refuses to resume a checkpoint whose model, data layout or latent space (the VAE)
+  differs from `config`."""
   try:
     saved = config_upgrade.upgrade_config(ckpt_lib.saved_config(workdir, step))
   except (OSError, ValueError):
     return  # a checkpoint without a readable config: the restore itself will tell
-  for section in ("model", "data"):
+  for section in ("model", "data", "latent"):
     ours = json.loads(json.dumps(config[section].to_dict()))
     theirs = json.loads(json.dumps(saved[section].to_dict()))
     ignored = RESUMABLE_DATA_FIELDS if section == "data" else ()
@@ -236,6 +237,7 @@ def start_run(config, workdir: str) -> tuple[Run, TrainState, Array, list]:
 def train_and_evaluate(config, workdir: str) -> TrainState:
   """Trains `config` in `workdir`, resuming from its newest checkpoint; returns the state."""
   run_start = time.perf_counter()
+  auto_config.fill_from_data(config)  # image size, channels, ... left to the data
   config_lib.validate(config)   # bad values fail before anything is built or written
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise config_lib.ConfigError(f"--workdir {workdir} is a file: pass a directory")
@@ -386,10 +388,8 @@ def final_evaluation_missing(config, workdir: str, step: int) -> bool:
 
 def protocol_enabled(config) -> bool:
   """Whether evaluations include the sampling protocol (mot.evaluate): on for the data
-  sets with a protocol (digits, moving digits, Shapes) when config.eval_samples_per_digit
-  > 0."""
-  return (bool(config.eval_samples_per_digit)
-          and config.data.dataset in evaluate.PROTOCOLS)
+  sets that have one when config.eval_samples_per_digit > 0."""
+  return bool(config.eval_samples_per_digit) and config.data.dataset in evaluate.PROTOCOLS
 
 
 def evaluate_protocol(config, state, log, step) -> dict:

@@ -84,3 +84,22 @@ def test_a_run_config_missing_a_field_names_it():
   del config.model["norm_eps"]
   with pytest.raises(config_lib.ConfigError, match="config.model lacks norm_eps"):
     config_lib.validate(config)
+
+
+def test_a_version_2_image_folder_config_samples_as_version_2_did():
+  """Version 3 made the answer length, the user data's question and the latent space
+  fields: a version-2 checkpoint decodes 16 tokens, asks "Describe this image." and
+  denoises pixels with unshifted timesteps, as version 2 did."""
+  saved = config_upgrade.saved_form(CURRENT["image_folder"])
+  saved[config_upgrade.VERSION_KEY] = 2
+  del saved["sample"]["max_new_tokens"], saved["data"]["question"]
+  del saved["data"]["latent_cache"], saved["latent"], saved["resolution_shift_tokens"]
+  upgraded = config_upgrade.upgrade_config(saved)
+  assert upgraded.sample.max_new_tokens == 16 and upgraded.resolution_shift_tokens == 0
+  assert upgraded.data.question == "Describe this image." and upgraded.latent.vae == ""
+  assert upgraded.data.latent_cache == ""
+  digits_v2 = dict(config_upgrade.saved_form(CURRENT["digits"]), config_version=2)
+  del digits_v2["sample"]["max_new_tokens"], digits_v2["latent"]
+  upgraded = config_upgrade.upgrade_config(digits_v2)
+  assert upgraded.sample.max_new_tokens == 16 and "question" not in upgraded.data
+  assert upgraded.to_dict() == CURRENT["digits"].to_dict()

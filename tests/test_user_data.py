@@ -9,6 +9,7 @@ from PIL import Image
 
 from configs import image_folder
 from mot import config as config_lib
+from mot.data import array_records, auto_config
 from mot import modalities
 from mot import tokenizer as tok
 from mot.data import digits
@@ -56,9 +57,12 @@ def folder(tmp_path):
 
 
 def data_config(path, **overrides):
+  """The tiny image-folder data config at the digits' 8x8 grayscale (the fields the
+  config leaves to the data set, as `mot.data.auto_config` would)."""
   cfg = image_folder.get_config("tiny").data
   cfg.path = str(path)
   cfg.num_heldout = 2
+  cfg.update(dict(image_size=(8, 8), channels=1, patch_dim=4))
   cfg.update(overrides)
   return cfg
 
@@ -188,6 +192,16 @@ def test_array_record_round_trip(tmp_path, folder):
   np.testing.assert_array_equal(image, user_data.load_image(paths[2], options))
   gray = Image.fromarray(arrays[1]).convert("L")
   np.testing.assert_allclose(data.train[1][0], np.asarray(gray) / 255 * 2 - 1, atol=1e-6)
+  # The same records in colour at a non-square size: patches of 2x2 RGB pixels.
+  rgb = data_config(str(tmp_path / "a-*.array_record"), dataset="array_record",
+                    image_size=(8, 6), channels=3, patch_dim=12, resize="stretch")
+  image, _ = user_data.open_user_data(rgb).train[1]
+  assert image.shape == (8, 6, 3)
+  expected = np.asarray(Image.fromarray(arrays[1]).resize((6, 8), Image.Resampling.BOX),
+                        np.float32)
+  np.testing.assert_allclose(image, expected / 255 * 2 - 1, atol=2e-2)
+  batch = next(iter(input_pipeline.make_train_dataset(rgb, seed=0, batch_size=2)))
+  assert batch["patches"].shape[-1] == 12
 
 
 def test_records_are_json_and_image_bytes():
@@ -208,9 +222,21 @@ def test_convert_folder_command(tmp_path, folder, capsys):
 
 def test_config_file(tmp_path, folder):
   c = image_folder.get_config("tiny")
-  with pytest.raises(config_lib.ConfigError, match=r"config.data.path is empty"):
+  with pytest.raises(config_lib.ConfigError, match=r"config.data.image_size is left to the "
+                                                   r"data: train.py fills it"):
     config_lib.validate(c)
+  with pytest.raises(config_lib.ConfigError, match=r"config.data.path is empty"):
+    auto_config.fill_from_data(c)
   c.data.path = str(folder)
+  # Six sizes, two of them 4 times each: none is the most common.
+  with pytest.raises(config_lib.ConfigError, match=r"no image size is the most common "
+                                                   r"\(4 of 12x20, 4 of 8x8, 3 of"):
+    auto_config.fill_from_data(c)
+  c.data.image_size = (8, 8)
+  line = auto_config.fill_from_data(c)
+  assert "channels 3 (RGB)" in line and "patch_dim 12" in line and "image_size" not in line
+  assert tuple(c.model.modality_patch_dims) == (0, 12, 12, 2) and c.model.patch_dim == 12
+  assert c.sample.max_new_tokens == len("picture number 10") + 1
   config_lib.validate(c)
   assert image_folder.get_config().data.dataset == "image_folder"
   with pytest.raises(ValueError, match="no variant 'big'"):
@@ -267,7 +293,7 @@ def _bad_inputs(tmp, folder):
                                                            r"not an image"),
       "interleaved": (folder, {"task_weights": {"interleaved": 1.0}},
                       r"task 'interleaved' needs digit labels"),
-      "patch size": (folder, {"image_size": 9}, r"patch_size=2 must divide the 9x9"),
+      "patch size": (folder, {"image_size": (9, 8)}, r"patch_size=2 must divide the 9x8"),
       "resize": (folder, {"resize": "zoom"}, r"config.data.resize='zoom' is unknown"),
       "validation split": (folder, {"validation_size": 10}, r"validation_size applies to "
                                                            r"the bundled digits.*num_heldout"),
@@ -301,7 +327,7 @@ def test_bad_record_found_at_construction(tmp_path):
   from array_record.python import array_record_module
   path = tmp_path / "broken.array_record"
   w = array_record_module.ArrayRecordWriter(str(path), "group_size:1")
-  png = user_data._image_bytes(np.zeros((4, 4), np.uint8), 0)  # pylint: disable=protected-access
+  png = array_records.image_bytes(np.zeros((4, 4), np.uint8), 0)
   good = user_data.encode_record(png, "fine")
   for record in (good, good, user_data.encode_record(b"GIF89a-truncated", "bad")):
     w.write(record)

@@ -14,8 +14,9 @@ integer, which makes checkpoint/resume exact.
 `config.data.dataset` picks the pairs: "digits" (image, label), "moving_digits" (the same
 digits, each example a clip of it moving, drawn from the example's rng: see
 `mot.data.moving_digits`; video tasks only), "shapes" (procedural RGB scenes, each example
-drawn from the example's rng: see `mot.data.shapes_tasks`; shapes tasks only) or your own
-(image, caption) pairs, "image_folder" and "array_record" (see `mot.data.user_data`).
+drawn from the example's rng: see `mot.data.shapes_tasks`; shapes tasks only), your own
+(image, caption) pairs, "image_folder" and "array_record" (see `mot.data.user_data`), or
+(clip, caption) pairs, "video_folder" (`mot.data.user_video`).
 """
 from __future__ import annotations
 
@@ -32,14 +33,20 @@ from mot.data import packing
 from mot.data import shapes_tasks
 from mot.data import tasks
 from mot.data import user_data
+from mot.data import user_video
 from mot.errors import field
 
 EPOCHS = 10**12 // 2000  # ~5e8 epochs of the digits: more than any run consumes
-DATASETS = ("digits", "moving_digits", "shapes", "image_folder", "array_record")
+DATASETS = ("digits", "moving_digits", "shapes", "image_folder", "array_record",
+            "video_folder")
 DIGIT_DATASETS = ("digits", "moving_digits")  # labelled bundled digits, fixed split
 PROCEDURAL_DATASETS = (shapes_tasks.DATASET,)   # scenes drawn per example, not read
+# Your own files: mot.data.user_data (images), mot.data.user_video (clips).
+USER_DATASETS = ("image_folder", "array_record", user_video.DATASET)
+VIDEO_DATASETS = ("moving_digits", user_video.DATASET)   # clips: video tasks only
 # The kind of example (Task.media) each dataset makes; the others make "image" examples.
-DATASET_MEDIA = {"moving_digits": "video", shapes_tasks.DATASET: shapes_tasks.MEDIA}
+DATASET_MEDIA = {**{name: "video" for name in VIDEO_DATASETS},
+                 shapes_tasks.DATASET: shapes_tasks.MEDIA}
 
 
 def make_train_dataset(data_config: Any, seed: int, batch_size: int,
@@ -93,7 +100,7 @@ def heldout_examples(data_config: Any, task: str) -> list[dict[str, np.ndarray]]
   Never augmented; a task's text variant is drawn from an rng seeded by the image's
   held-out index, so the list is the same on every call.
   """
-  if data_config.dataset == "moving_digits":  # train_lib asks for the image tasks' names
+  if data_config.dataset in VIDEO_DATASETS:  # train_lib asks for the image tasks' names
     task = moving_digits.HELDOUT_ALIASES.get(task, task)
   if data_config.dataset in PROCEDURAL_DATASETS:  # fixed evaluation sets, no pairs
     task = shapes_tasks.HELDOUT_ALIASES.get(task, task)
@@ -116,7 +123,8 @@ def heldout_labels(data_config: Any) -> np.ndarray:
 
 
 def heldout_images(data_config: Any) -> np.ndarray:
-  """float32 [297, 8, 8] held-out digits in [-1, 1]; user data: [M, S, S]."""
+  """float32 [297, 8, 8] held-out digits in [-1, 1]; user data: [M, H, W(, C)] (clips:
+  [M, T, H, W(, C)])."""
   pairs = heldout_pairs(data_config)
   if isinstance(pairs, _ArrayPairs):
     return pairs.images
@@ -140,18 +148,19 @@ def _f(data_config: Any, name: str):
   return field(data_config, name, "config.data")
 
 
-def _image_side(data_config: Any) -> int:
-  """Side of the dataset's images (video: of the canvas its clips are drawn on)."""
+def _image_shape(data_config: Any) -> tuple[int, int]:
+  """(H, W) of the dataset's images (video: of the canvas its clips are drawn on)."""
   dataset = data_config.dataset
   if dataset == "moving_digits":
-    return int(_f(data_config, "canvas_size"))
+    side = int(_f(data_config, "canvas_size"))
+    return side, side
   if dataset == "digits":
-    size = int(_f(data_config, "image_size"))
+    size = _f(data_config, "image_size")
     if size != digits.SIDE:
       raise ValueError(f"config.data.image_size={size}: the bundled digits are "
                        f"{digits.SIDE}x{digits.SIDE}; set it to {digits.SIDE}")
-    return size
-  return user_data.image_options(data_config).size
+    return size, size
+  return user_data.model_space(data_config)[0]   # images, or their cached latents
 
 
 def _check_video(data_config: Any, size: int) -> dict[str, Any]:
@@ -200,25 +209,30 @@ def _check_augmentation(data_config: Any, size: int) -> dict[str, Any]:
               elastic_prob=prob)
 
 
-def _check_patches(data_config: Any, size: int) -> tuple[int, int]:
-  """(patch_size, patch_dim), checked against the image side."""
+def _check_patches(data_config: Any, shape: tuple[int, int]) -> tuple[int, int, int]:
+  """(patch_size, patch_dim, channels of what is cut into patches: the image's, or its
+  cached latent's), checked against the shape."""
   p, patch_dim = int(_f(data_config, "patch_size")), int(_f(data_config, "patch_dim"))
   channels = _f(data_config, "channels")
   if channels not in (1, 3) or (channels != 1 and data_config.dataset in DIGIT_DATASETS):
     raise ValueError(f"config.data.channels={channels!r} must be 1 (grayscale) or 3 (RGB); "
                      "the bundled digits are grayscale (1)")
-  if p < 1 or size % p:
+  if data_config.dataset not in DIGIT_DATASETS:
+    channels = user_data.model_space(data_config)[1]
+  h, w = shape
+  if p < 1 or h % p or w % p:
     where = {"digits": "", "moving_digits": " (config.data.canvas_size)"}.get(
         data_config.dataset, " (config.data.image_size)")
-    raise ValueError(f"config.data.patch_size={p} must divide the {size}x{size} images{where}")
+    raise ValueError(f"config.data.patch_size={p} must divide the {h}x{w} images{where}")
   if patch_dim < p * p * channels:
     raise ValueError(f"config.data.patch_dim={patch_dim} is smaller than patch_size**2 * "
                      f"channels = {p * p * channels}")
-  return p, patch_dim
+  return p, patch_dim, channels
 
 
 def _check_read_window(data_config: Any, size: int, p: int, patch_dim: int) -> int:
-  """config.data.read_window (image datasets: the reading task's patch neighbourhood)."""
+  """config.data.read_window (image datasets: the reading task's patch neighbourhood);
+  `size` is the image's shorter side."""
   window = _f(data_config, "read_window")
   if window and data_config.channels != 1:
     raise ValueError(f"config.data.read_window={window} reads grayscale patch neighbourhoods; "
@@ -246,18 +260,24 @@ def validate(data_config: Any, task_names: tuple[str, ...] | None = None) -> tas
   if dataset in PROCEDURAL_DATASETS:
     options = shapes_tasks.validate(data_config)
     task_names = _check_media(data_config, task_names)
-    _check_lengths(data_config, options, task_names, options.scene.image_size)
+    _check_lengths(data_config, options, task_names)
     return options
-  size = _image_side(data_config)
-  p, patch_dim = _check_patches(data_config, size)
+  shape = _image_shape(data_config)
+  p, patch_dim, channels = _check_patches(data_config, shape)
+  size = min(shape)
   if dataset == "moving_digits":  # clips: no reading augmentation, no reading window
     media = _check_video(data_config, size)
+  elif dataset == user_video.DATASET:
+    media = _check_user_video(data_config)
   else:
     media = dict(canvas=size, read_window=_check_read_window(data_config, size, p, patch_dim),
                  **_check_augmentation(data_config, size))
+  if dataset not in DIGIT_DATASETS:
+    _check_latent_cache(data_config)
+    media.update(channels=channels, question=_question(data_config))
   options = tasks.TaskOptions(patch_size=p, patch_dim=patch_dim, **media)
   task_names = _check_media(data_config, task_names)
-  _check_lengths(data_config, options, task_names, size)
+  _check_lengths(data_config, options, task_names)
   return options
 
 
@@ -268,19 +288,19 @@ def _check_media(data_config: Any, task_names: tuple[str, ...] | None) -> tuple[
     task_names = _task_mixture(data_config)[0]
   dataset = data_config.dataset
   wanted = DATASET_MEDIA.get(dataset, "image")
-  needs = {"video": "moving_digits", shapes_tasks.MEDIA: shapes_tasks.DATASET}
+  needs = {"video": f"dataset in {VIDEO_DATASETS}",
+           shapes_tasks.MEDIA: f"dataset={shapes_tasks.DATASET!r}"}
   for name in task_names:
     media = tasks.get_task(name).media
     if media != wanted:
       raise ValueError(f"task {name!r} makes {media} examples, which "
                        f"config.data.dataset={dataset!r} cannot: set its "
                        "config.data.task_weights to 0" +
-                       (f" ({media} tasks need dataset={needs[media]!r})"
-                        if media in needs else ""))
+                       (f" ({media} tasks need {needs[media]})" if media in needs else ""))
   return task_names
 
 
-def _check_lengths(data_config: Any, options: tasks.TaskOptions, task_names, size) -> None:
+def _check_lengths(data_config: Any, options: tasks.TaskOptions, task_names) -> None:
   """Refuses a seq_len that cannot hold one example of a task; warns when packing will
   drop examples."""
   if data_config.dataset in DIGIT_DATASETS:
@@ -290,8 +310,10 @@ def _check_lengths(data_config: Any, options: tasks.TaskOptions, task_names, siz
     lengths = {name: shapes_tasks.max_example_length(name, options) for name in task_names}
     why = " (the grammar's longest texts)"
   else:  # Opens and checks every file once (cached): errors surface here, not in grain.
-    data = user_data.open_user_data(data_config)
-    lengths = {name: user_data.max_example_length(name, options, size, data.longest_caption)
+    data = open_user(data_config)
+    module = user_video if data_config.dataset == user_video.DATASET else user_data
+    lengths = {name: module.max_example_length(name, options, data.item_shape,
+                                               data.longest_caption)
                for name in task_names}
     why = (f" (the longest caption has {len(data.longest_caption.encode('utf-8'))} bytes; "
            "shorten it or raise seq_len)")
@@ -307,6 +329,58 @@ def _check_lengths(data_config: Any, options: tasks.TaskOptions, task_names, siz
                "tokens (the longest task's example): a row whose drawn examples do not fit "
                "drops the last ones (rare when most examples are shorter); raise seq_len "
                "to drop none")
+
+
+def open_user(data_config: Any) -> user_data.UserData:
+  """The checked, split user dataset (images or clips) of config.data."""
+  if data_config.dataset == user_video.DATASET:
+    return user_video.open_user_video(data_config)
+  return user_data.open_user_data(data_config)
+
+
+def scan_user(data_config: Any) -> user_data.Scan:
+  """The checked files of a user dataset (images or clips), nothing decoded."""
+  if data_config.dataset == user_video.DATASET:
+    return user_video.scan_user_video(data_config)
+  return user_data.scan_user_data(data_config)
+
+
+def _check_latent_cache(data_config: Any) -> None:
+  """A latent cache holds images' latents, read as they are (no pixel augmentation)."""
+  if not user_data.latent_dir(data_config):
+    return
+  if data_config.dataset == user_video.DATASET:
+    raise ValueError("config.data.latent_cache holds images' latents; dataset "
+                     "'video_folder' trains on pixels: set it to ''")
+  if int(_f(data_config, "shift_pixels")):
+    raise ValueError(f"config.data.shift_pixels={data_config.shift_pixels} moves pixels; a "
+                     "latent run reads its cached latents as they are: set it to 0")
+
+
+def _check_user_video(data_config: Any) -> dict[str, Any]:
+  """The video fields of a video-folder config, checked, as TaskOptions keywords."""
+  num_frames = _f(data_config, "num_frames")
+  if not isinstance(num_frames, int) or num_frames < 1:
+    raise ValueError(f"config.data.num_frames={num_frames!r} must be a positive integer "
+                     "(frames of each clip the run trains on)")
+  layout = str(_f(data_config, "video_layout"))
+  if layout not in moving_digits.VIDEO_LAYOUTS:
+    raise ValueError(f"config.data.video_layout={layout!r} must be one of "
+                     f"{moving_digits.VIDEO_LAYOUTS}")
+  first_weight = float(_f(data_config, "first_frame_weight"))
+  if not 0 < first_weight <= 100 or (layout != "frames" and first_weight != 1):
+    raise ValueError(f"config.data.first_frame_weight={first_weight} must be in (0, 100] "
+                     "and weighs a frame only with video_layout='frames' (else use 1)")
+  return dict(num_frames=num_frames, video_layout=layout, first_frame_weight=first_weight)
+
+
+def _question(data_config: Any) -> str:
+  """config.data.question (user data: the reading task's question), checked."""
+  question = _f(data_config, "question")
+  if not isinstance(question, str) or not question.strip():
+    raise ValueError(f"config.data.question={question!r} must be a non-empty string (the "
+                     "question the reading task asks, e.g. 'Describe this image.')")
+  return question
 
 
 _WARNED: set[str] = set()
@@ -359,7 +433,9 @@ def _task_mixture(data_config: Any) -> tuple[tuple[str, ...], np.ndarray]:
   weights = dict(data_config.task_weights)
   for name, w in weights.items():
     tasks.get_task(name)  # Unknown names raise, listing the known ones.
-    if data_config.dataset not in DIGIT_DATASETS + PROCEDURAL_DATASETS and w > 0:
+    if data_config.dataset == user_video.DATASET and w > 0:
+      user_video.check_task(name)
+    elif data_config.dataset in USER_DATASETS and w > 0:
       user_data.check_task(name)
     if w < 0:
       raise ValueError(f"config.data.task_weights[{name!r}]={w} is negative")
@@ -398,10 +474,10 @@ class _IndexPairs:
 
 def _build_fn(data_config: Any):
   """(task name, image, label or caption, options, rng, shift) -> example."""
-  return {"digits": tasks.build_example,
-          "moving_digits": tasks.build_video_example,
-          shapes_tasks.DATASET: shapes_tasks.build_example}.get(data_config.dataset,
-                                                                user_data.build_example)
+  return {"digits": tasks.build_example, "moving_digits": tasks.build_video_example,
+          shapes_tasks.DATASET: shapes_tasks.build_example,
+          user_video.DATASET: user_video.build_example}.get(data_config.dataset,
+                                                            user_data.build_example)
 
 
 def _split_pairs(data_config: Any, heldout: bool):
@@ -416,7 +492,7 @@ def _split_pairs(data_config: Any, heldout: bool):
                        "its evaluation sets are mot.data.shapes' (mot.eval_shapes)")
     return _IndexPairs(shapes_tasks.VIRTUAL_PAIRS)
   if data_config.dataset in DATASETS:
-    split = user_data.open_user_data(data_config)
+    split = open_user(data_config)
     return split.heldout if heldout else split.train
   raise ValueError(f"config.data.dataset={data_config.dataset!r} is unknown; "
                    f"known: {DATASETS}")

@@ -113,6 +113,8 @@ class TaskOptions:
   video_layout: str = "frames"  # generated frames: "frames" (one block a frame) | "clip"
   generation_start: str = "any"  # caption -> clip starts: "any" | "grid" (patch grid)
   first_frame_weight: float = 1.0  # caption -> clip, frame by frame: frame 0's loss weight
+  channels: int = 1             # images [H, W] (1) or [H, W, C] (user data, latents)
+  question: str = QUESTION      # user data: the reading task's question (data.question)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,11 +10,11 @@ Two sources, chosen by `config.data.dataset`:
       A record is one JSON header line, {"caption": ...}, then the encoded image bytes
       (PNG, JPEG, ...): no pickle, readable by anything.
 
-Images of any size and colour mode become float32 [S, S] (S = `data.image_size`) in
-[-1, 1]: grayscale (transparency composited onto white), cropped to a centred square
-(`data.resize`: "crop", "pad" or "stretch"), resized with Pillow, 0..255 mapped to
--1..1. The digits have high ink on a low background; for dark ink on light paper set
-`data.invert = True`.
+Images of any size and colour mode become float32 [H, W] (grayscale, `data.channels` 1)
+or [H, W, 3] (RGB) in [-1, 1] through `mot.data.preprocess` (size `data.image_size`,
+`data.resize` "crop" / "pad" / "stretch", `data.invert`): the function sampling applies
+to a user's files too. `configs/image_folder.py` leaves the size and channels to the
+data (`mot.data.auto_config`: the most common size; RGB unless every image is gray).
 
 Everything is checked when the dataset is built (every JSONL line parsed, every image
 header opened once, every record's header read), so a bad input is one ValueError
@@ -23,18 +23,18 @@ thread. The last `data.num_heldout` pairs (at most a tenth, at least one) are he
 for evaluation and never trained on; shuffle the file if its order means something.
 
 Tasks (same names as the digits' so `task_weights` and evaluation carry over):
-generation (caption -> image), reasoning (image -> caption) and text (the caption
-alone).
+generation (caption -> image), reasoning (image + `data.question` -> caption) and text
+(the caption alone).
 
   python -m mot.data.user_data my_folder/ data/train.array_record   # folder -> ArrayRecord
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import functools
 import glob
-import io
 import json
 import logging
 import os
@@ -43,102 +43,29 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
-from PIL import Image, ImageOps
 
+from mot import patches
 from mot import tokenizer as tokenizer_lib
-from mot.data import digits
+from mot.data import array_records, digits
+from mot.data import latent_cache
 from mot.data import tasks
 from mot.data.builder import SequenceBuilder
+from mot.data.array_records import (ArrayRecordSource, decode_record,  # noqa: F401
+                                    encode_record, write_array_record)
+from mot.data.preprocess import (RESIZE_MODES, Header, ImageOptions, check_header,  # noqa: F401
+                                 image_options, load_image)
 from mot.errors import field
 
 CAPTIONS_FILE = "captions.jsonl"
-QUESTION = "Describe this image."   # Reasoning prompt; the answer is the caption.
-RESIZE_MODES = ("crop", "pad", "stretch")
+QUESTION = "Describe this image."   # configs/image_folder.py's data.question (v1 runs asked it)
 TASK_NAMES = ("generation", "reasoning", "text")
 DEFAULT_IMAGE_SIZE = 8              # The digits' resolution.
-_SCAN_CHUNK = 1024                  # Records read at once when checking ArrayRecord files.
 _LINE_EXAMPLE = '{"image": "a.png", "caption": "a red square"}'
 _TOKENIZER = tokenizer_lib.Tokenizer()
 
 
 # ----------------------------------------------------------------------------------------
-# Images.
-# ----------------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class ImageOptions:
-  """How a file becomes a float32 [size, size] image in [-1, 1]."""
-  size: int = DEFAULT_IMAGE_SIZE
-  invert: bool = False      # True: dark ink on light paper becomes high values.
-  resize: str = "crop"      # "crop" a centred square, "pad" to one, or "stretch".
-
-
-def load_image(source: str | os.PathLike | bytes, options: ImageOptions,
-               name: str | None = None) -> np.ndarray:
-  """float32 [S, S] in [-1, 1] from an image file or its encoded bytes.
-
-  `name` (default: the path) is what an error names, e.g. "shard-0.array_record record 7".
-  """
-  name = name or os.fspath(source)
-  f = io.BytesIO(source) if isinstance(source, bytes) else source
-  try:
-    with Image.open(f) as im:
-      im.draft("L", (options.size, options.size))  # JPEG: decode at a reduced scale.
-      gray = _grayscale(ImageOps.exif_transpose(im))
-  except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
-    raise ValueError(f"{name}: cannot decode the image ({e}); re-save it as PNG or JPEG, "
-                     "or remove it from the data") from None
-  return to_model_range(gray, options)
-
-
-def to_model_range(gray: np.ndarray, options: ImageOptions) -> np.ndarray:
-  """float [H, W] grayscale in [0, 1] (0 = black) -> float32 [S, S] in [-1, 1]."""
-  g = 1.0 - gray if options.invert else gray
-  h, w = g.shape
-  if options.resize == "crop":
-    side = min(h, w)
-    top, left = (h - side) // 2, (w - side) // 2
-    g = g[top:top + side, left:left + side]
-  elif options.resize == "pad":  # With the background: -1 once scaled.
-    side = max(h, w)
-    top, left = (side - h) // 2, (side - w) // 2
-    g = np.pad(g, ((top, side - h - top), (left, side - w - left)))
-  s = options.size
-  # BOX averages the pixels each output pixel covers (no aliasing, no ringing) when
-  # shrinking; BILINEAR when enlarging.
-  resample = Image.Resampling.BOX if min(g.shape) >= s else Image.Resampling.BILINEAR
-  small = np.asarray(Image.fromarray(np.ascontiguousarray(g, np.float32)).resize(
-      (s, s), resample), np.float32)
-  return np.clip(small, 0.0, 1.0) * 2.0 - 1.0
-
-
-def _grayscale(im: Image.Image) -> np.ndarray:
-  """float32 [H, W] in [0, 1] of any Pillow image (alpha composited onto white)."""
-  if im.mode.startswith("I"):  # 16/32-bit integer grayscale (e.g. 16-bit PNG).
-    return np.clip(np.asarray(im, np.float32) / 65535.0, 0.0, 1.0)
-  if im.mode == "F":
-    return np.clip(np.asarray(im, np.float32), 0.0, 1.0)
-  if im.mode in ("RGBA", "LA", "PA", "La", "RGBa") or "transparency" in im.info:
-    rgba = im.convert("RGBA")
-    im = Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba)
-  return np.asarray(im.convert("L"), np.float32) / 255.0
-
-
-def _check_header(source: str | bytes, name: str) -> None:
-  """Opens the image header only (cheap); a one-line ValueError if it is not an image."""
-  try:
-    with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as im:
-      w, h = im.size
-  except FileNotFoundError:
-    raise ValueError(f"{name}: the image file does not exist") from None
-  except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
-    raise ValueError(f"{name}: not an image Pillow can read ({type(e).__name__}); "
-                     "convert it to PNG or JPEG, or remove it from the data") from None
-  if w < 1 or h < 1:
-    raise ValueError(f"{name}: the image is empty ({w}x{h} pixels)")
-
-
-# ----------------------------------------------------------------------------------------
-# Sources: source[i] -> (image float32 [S, S], caption str), picklable for grain workers.
+# Sources: source[i] -> (image float32 [H, W(, C)], caption), picklable for grain workers.
 # ----------------------------------------------------------------------------------------
 class FileSource:
   """Pairs of (image file, caption); the image is decoded when read."""
@@ -153,34 +80,7 @@ class FileSource:
     return load_image(self.paths[i], self.options), self.captions[i]
 
 
-class ArrayRecordSource:
-  """Records of `encode_record` in ArrayRecord files, read with grain's data source."""
-
-  def __init__(self, paths: Sequence[str], counts: Sequence[int], options: ImageOptions):
-    import grain  # lazy: only ArrayRecord data needs grain's file source
-    self.paths, self.counts, self.options = list(paths), list(counts), options
-    # "path[0:n]" gives the counts we already have, so files are not opened again here.
-    self._records = grain.sources.ArrayRecordDataSource(
-        [f"{p}[0:{n}]" for p, n in zip(paths, counts)])
-
-  def __len__(self) -> int:
-    return sum(self.counts)
-
-  def __getitem__(self, i: int) -> tuple[np.ndarray, str]:
-    name = self.record_name(i)
-    caption, data = decode_record(self._records[i], name)
-    return load_image(data, self.options, name), caption
-
-  def record_name(self, i: int) -> str:
-    """"FILE record K" of global record i, for error messages."""
-    for path, n in zip(self.paths, self.counts):
-      if i < n:
-        return f"{path} record {i}"
-      i -= n
-    raise IndexError(i)
-
-
-class _Range:
+class Range:
   """source[start:stop] without copying: the train or held-out part of a source."""
 
   def __init__(self, source, start: int, stop: int):
@@ -198,28 +98,70 @@ class _Range:
 @dataclasses.dataclass(frozen=True)
 class UserData:
   """A checked user dataset: train and held-out sources and the longest caption."""
-  train: Any               # source[i] -> (image float32 [S, S], caption)
+  train: Any               # source[i] -> (image float32 options.shape, caption)
   heldout: Any
   longest_caption: str     # by UTF-8 bytes, over all pairs: bounds the sequence length
   options: ImageOptions
+  num_frames: int = 0      # clips (mot.data.user_video): frames a pair's clip has
+  latent_shape: tuple[int, ...] = ()  # a latent cache's (h, w, C): what sources return
+
+  @property
+  def item_shape(self) -> tuple[int, ...]:
+    """Shape of the array a source returns: (H, W), (H, W, C), a latent's (h, w, C), or
+    clips (T, H, W(, C))."""
+    if self.latent_shape:
+      return self.latent_shape
+    return ((self.num_frames,) if self.num_frames else ()) + self.options.shape
+
+
+@dataclasses.dataclass(frozen=True)
+class Scan:
+  """What checking a dataset's files found, before any image is decoded."""
+  where: str                      # the captions file or the ArrayRecord file(s): messages
+  files: tuple[str, ...]          # one image file a pair, or the ArrayRecord files
+  counts: tuple[int, ...]         # ArrayRecord: records per file; image files: ()
+  captions: tuple[str, ...]
+  headers: tuple[Header, ...]     # one a pair
+
+  @property
+  def longest_caption(self) -> str:
+    """The longest caption by UTF-8 bytes (the first of equals)."""
+    return max(self.captions, key=lambda c: len(c.encode("utf-8")))
+
+  def size_counts(self) -> collections.Counter:
+    """{(H, W): number of images of that size}."""
+    return collections.Counter((h.height, h.width) for h in self.headers)
+
+  @property
+  def all_gray(self) -> bool:
+    return all(h.gray for h in self.headers)
+
+  def most_common_size(self) -> tuple[int, int]:
+    """The (H, W) most images have; a ValueError when sizes tie for the most."""
+    counts = self.size_counts().most_common()
+    top = [size for size, n in counts if n == counts[0][1]]
+    if len(top) > 1:
+      listed = ", ".join(f"{n} of {h}x{w}" for (h, w), n in counts[:4])
+      raise ValueError(f"{self.where}: config.data.image_size is unset and no image size is "
+                       f"the most common ({listed}{', ...' if len(counts) > 4 else ''}): "
+                       "set --config.data.image_size='(H, W)' (other sizes are resized to "
+                       "it, config.data.resize)")
+    return top[0]
+
+  def keys(self) -> list[str]:
+    """One id a pair: its image file, or "SHARD#k" for record k of an ArrayRecord shard."""
+    if not self.counts:
+      return [os.path.abspath(f) for f in self.files]
+    return [f"{os.path.abspath(f)}#{k}" for f, n in zip(self.files, self.counts)
+            for k in range(n)]
 
 
 # ----------------------------------------------------------------------------------------
 # Opening and checking a dataset.
 # ----------------------------------------------------------------------------------------
-def image_options(data_config: Any) -> ImageOptions:
-  """The ImageOptions of `config.data`, checked."""
-  size = int(field(data_config, "image_size", "config.data"))
-  resize = str(field(data_config, "resize", "config.data"))
-  if size < 1:
-    raise ValueError(f"config.data.image_size={size} must be positive")
-  if resize not in RESIZE_MODES:
-    raise ValueError(f"config.data.resize={resize!r} is unknown; known: {RESIZE_MODES}")
-  return ImageOptions(size, bool(field(data_config, "invert", "config.data")), resize)
-
-
-def open_user_data(data_config: Any) -> UserData:
-  """Checks and splits the user dataset of `config.data` (cached while files are unchanged).
+def scan_user_data(data_config: Any) -> Scan:
+  """Checks every file of the user dataset of `config.data` once (cached while the files
+  are unchanged): its pairs, captions, image sizes and modes.
 
   Raises:
     ValueError: one line naming the field, file, line or record at fault, and the fix.
@@ -231,18 +173,46 @@ def open_user_data(data_config: Any) -> UserData:
                      f"--config.data.path=" + ("/path/to/folder (with captions.jsonl) or "
                      "a .jsonl file" if dataset == "image_folder"
                      else "/path/to/file.array_record (or a glob of shards)"))
+  if dataset == "image_folder":
+    jsonl = _captions_file(path)
+    return _scan_jsonl(jsonl, _stamp([jsonl]))
+  if dataset == "array_record":
+    files = _array_record_files(path)
+    return _scan_array_record(tuple(files), _stamp(files))
+  raise ValueError(f"config.data.dataset={dataset!r} is not a user dataset")
+
+
+def open_user_data(data_config: Any) -> UserData:
+  """The checked, split user dataset of `config.data` (`scan_user_data`, then sources
+  that decode with the run's `preprocess.image_options`).
+
+  Raises:
+    ValueError: one line naming the field, file, line or record at fault, and the fix.
+  """
+  scan = scan_user_data(data_config)
   num_heldout = int(field(data_config, "num_heldout", "config.data"))
   if num_heldout < 1:
     raise ValueError(f"config.data.num_heldout={num_heldout} must be at least 1 "
                      "(evaluation needs held-out pairs)")
-  options = image_options(data_config)
-  if dataset == "image_folder":
-    jsonl = _captions_file(path)
-    return _open_jsonl(jsonl, _stamp([jsonl]), options, num_heldout)
-  if dataset == "array_record":
-    files = _array_record_files(path)
-    return _open_array_record(tuple(files), _stamp(files), options, num_heldout)
-  raise ValueError(f"config.data.dataset={dataset!r} is not a user dataset")
+  cache = latent_dir(data_config)
+  stamp = os.stat(os.path.join(cache, latent_cache.CACHE_FILE)).st_mtime_ns if (
+      cache and os.path.isfile(os.path.join(cache, latent_cache.CACHE_FILE))) else 0
+  return _split(scan, image_options(data_config), num_heldout, cache, stamp)
+
+
+def latent_dir(data_config: Any) -> str:
+  """config.data.latent_cache: "" (images) or a latent cache folder (`latent_cache`)."""
+  return str(field(data_config, "latent_cache", "config.data") or "")
+
+
+def model_space(data_config: Any) -> tuple[tuple[int, int], int]:
+  """((h, w), channels) of the arrays the model reads: the images', or with a latent
+  cache, their latents'."""
+  cache = latent_dir(data_config)
+  if not cache:
+    return image_options(data_config).size, int(field(data_config, "channels", "config.data"))
+  h, w, c = latent_cache.read_meta(cache)["latent_shape"]
+  return (h, w), c
 
 
 def _stamp(files: Iterable[str]) -> tuple:
@@ -250,16 +220,29 @@ def _stamp(files: Iterable[str]) -> tuple:
   return tuple((os.stat(f).st_mtime_ns, os.stat(f).st_size) for f in files)
 
 
-def _split(source, longest: str, options: ImageOptions, num_heldout: int,
-           where: str) -> UserData:
+@functools.lru_cache(maxsize=8)
+def _split(scan: Scan, options: ImageOptions, num_heldout: int, cache: str = "",
+           cache_stamp: int = 0) -> UserData:
+  del cache_stamp  # Only part of the cache key: a rewritten latent cache is read again.
+  latent_shape = ()
+  if cache:  # latents encoded once (mot.data.latent_cache), checked against the pairs
+    meta = latent_cache.read_meta(cache)
+    latent_cache.check_meta(cache, meta, scan.keys(), scan.captions, options)
+    source = latent_cache.LatentSource(cache, scan.captions)
+    latent_shape = tuple(meta["latent_shape"])
+  elif scan.counts:
+    source = ArrayRecordSource(scan.files, scan.counts, options)
+  else:
+    source = FileSource(scan.files, scan.captions, options)
   n = len(source)
   if n < 2:
-    raise ValueError(f"{where} has {n} pair(s): at least 2 are needed (one is held out "
-                     "for evaluation)")
+    raise ValueError(f"{scan.where} has {n} pair(s): at least 2 are needed (one is held "
+                     "out for evaluation)")
   held = min(num_heldout, max(1, n // 10))
-  logging.info("%s: %d pairs, %d for training, the last %d held out", where, n, n - held,
-               held)
-  return UserData(_Range(source, 0, n - held), _Range(source, n - held, n), longest, options)
+  logging.info("%s: %d pairs, %d for training, the last %d held out", scan.where, n,
+               n - held, held)
+  return UserData(Range(source, 0, n - held), Range(source, n - held, n),
+                  scan.longest_caption, options, latent_shape=latent_shape)
 
 
 def _captions_file(path: str) -> str:
@@ -275,57 +258,68 @@ def _captions_file(path: str) -> str:
   return path
 
 
-@functools.lru_cache(maxsize=8)
-def _open_jsonl(jsonl: str, stamp: tuple, options: ImageOptions,
-                num_heldout: int) -> UserData:
-  """Parses every line and opens every image header once."""
-  del stamp  # Only part of the cache key.
+def read_jsonl(jsonl: str, key: str, example: str) -> list[tuple[str, str, str]]:
+  """[(absolute media path, caption, "FILE:LINE")] of a captions file whose lines are
+  {key: path, "caption": text}; every line parsed, every path checked to exist."""
   base = os.path.dirname(os.path.abspath(jsonl))
-  paths, captions = [], []
   try:
     with open(jsonl, encoding="utf-8") as f:
       lines = f.readlines()
   except UnicodeDecodeError:
     raise ValueError(f"{jsonl}: not UTF-8 text; it must be a JSONL file, one "
-                     f"{_LINE_EXAMPLE} per line") from None
+                     f"{example} per line") from None
+  out = []
   for lineno, line in enumerate(lines, 1):
     if not line.strip():
       continue
     where = f"{jsonl}:{lineno}"
-    image, caption = _parse_line(line, where)
-    image_path = image if os.path.isabs(image) else os.path.join(base, image)
+    media, caption = _parse_line(line, where, key, example)
+    media_path = media if os.path.isabs(media) else os.path.join(base, media)
+    if not os.path.exists(media_path):
+      raise ValueError(f"{where}: {'image' if key == 'image' else key} {media_path} does "
+                       f"not exist (relative paths start at {base}); fix the path or "
+                       "remove the line")
+    out.append((media_path, caption, where))
+  if not out:
+    raise ValueError(f"{jsonl} has no pairs: write one line per {key}, e.g. {example}")
+  return out
+
+
+@functools.lru_cache(maxsize=8)
+def _scan_jsonl(jsonl: str, stamp: tuple) -> Scan:
+  """Parses every line and opens every image header once."""
+  del stamp  # Only part of the cache key.
+  paths, captions, headers = [], [], []
+  for image_path, caption, where in read_jsonl(jsonl, "image", _LINE_EXAMPLE):
     if not os.path.isfile(image_path):
-      raise ValueError(f"{where}: image {image_path} does not exist (relative paths start "
-                       f"at {base}); fix the path or remove the line")
-    _check_header(image_path, f"{image_path} (from {where})")
+      raise ValueError(f"{where}: image {image_path} is not a file; fix the path or remove "
+                       "the line")
+    headers.append(check_header(image_path, f"{image_path} (from {where})"))
     paths.append(image_path)
     captions.append(caption)
-  if not paths:
-    raise ValueError(f"{jsonl} has no pairs: write one line per image, e.g. {_LINE_EXAMPLE}")
-  longest = max(captions, key=lambda c: len(c.encode("utf-8")))
-  return _split(FileSource(paths, captions, options), longest, options, num_heldout, jsonl)
+  return Scan(jsonl, tuple(paths), (), tuple(captions), tuple(headers))
 
 
-def _parse_line(line: str, where: str) -> tuple[str, str]:
+def _parse_line(line: str, where: str, key: str, example: str) -> tuple[str, str]:
   try:
     obj = json.loads(line.strip())
   except json.JSONDecodeError as e:
     raise ValueError(f"{where}: not valid JSON ({e.msg} at column {e.colno}); each line must "
-                     f"be one object, e.g. {_LINE_EXAMPLE}") from None
+                     f"be one object, e.g. {example}") from None
   if not isinstance(obj, dict):
-    raise ValueError(f"{where}: expected a JSON object like {_LINE_EXAMPLE}, "
+    raise ValueError(f"{where}: expected a JSON object like {example}, "
                      f"got {type(obj).__name__}")
-  missing = [k for k in ("image", "caption") if k not in obj]
+  missing = [k for k in (key, "caption") if k not in obj]
   if missing:
     raise ValueError(f"{where}: missing field(s) {missing}; each line needs both, e.g. "
-                     f"{_LINE_EXAMPLE}")
-  for k in ("image", "caption"):
+                     f"{example}")
+  for k in (key, "caption"):
     if not isinstance(obj[k], str):
       raise ValueError(f"{where}: field {k!r} must be a string, got "
                        f"{type(obj[k]).__name__}")
-  if not obj["image"]:
-    raise ValueError(f"{where}: field 'image' is empty")
-  return obj["image"], obj["caption"]
+  if not obj[key]:
+    raise ValueError(f"{where}: field {key!r} is empty")
+  return obj[key], obj["caption"]
 
 
 def _array_record_files(pattern: str) -> list[str]:
@@ -340,128 +334,50 @@ def _array_record_files(pattern: str) -> list[str]:
 
 
 @functools.lru_cache(maxsize=8)
-def _open_array_record(files: tuple[str, ...], stamp: tuple, options: ImageOptions,
-                       num_heldout: int) -> UserData:
+def _scan_array_record(files: tuple[str, ...], stamp: tuple) -> Scan:
   """Reads every record once: its header must parse and its image header open."""
-  from array_record.python import array_record_module  # lazy: ArrayRecord data only
   del stamp
-  counts, longest = [], ""
+  counts, captions, headers = [], [], []
   for path in files:
-    not_array_record = ValueError(f"{path}: not an ArrayRecord file (or a corrupt one); "
-                                  "write one with mot.data.user_data.write_array_record")
-    reader = array_record_module.ArrayRecordReader(path)
-    try:
-      if not reader.ok():
-        raise not_array_record
-      n = reader.num_records()
-      for start in range(0, n, _SCAN_CHUNK):
-        for k, record in enumerate(reader.read(start, min(start + _SCAN_CHUNK, n))):
-          name = f"{path} record {start + k}"
-          caption, data = decode_record(record, name)
-          _check_header(data, name)
-          if len(caption.encode("utf-8")) > len(longest.encode("utf-8")):
-            longest = caption
-    except RuntimeError:  # Riegeli's errors on a damaged file.
-      raise not_array_record from None
-    finally:
-      try:
-        reader.close()
-      except RuntimeError:  # Closing a reader of a non-ArrayRecord file raises too.
-        pass
-    counts.append(n)
+    for caption, header in array_records.scan_records(path):
+      captions.append(caption)
+      headers.append(header)
+    counts.append(len(captions) - sum(counts))
   where = files[0] if len(files) == 1 else f"{files[0]} (+{len(files) - 1} more files)"
-  return _split(ArrayRecordSource(files, counts, options), longest, options, num_heldout,
-                where)
-
-
-# ----------------------------------------------------------------------------------------
-# ArrayRecord records.
-# ----------------------------------------------------------------------------------------
-def encode_record(image_bytes: bytes, caption: str) -> bytes:
-  """One record: a JSON header line {"caption": ...} then the encoded image bytes."""
-  # ensure_ascii: the header holds no raw newline, so the first b"\n" ends it.
-  return json.dumps({"caption": caption}, ensure_ascii=True).encode("ascii") + b"\n" + \
-      image_bytes
-
-
-def decode_record(record: bytes, name: str = "record") -> tuple[str, bytes]:
-  """(caption, image bytes) of an `encode_record` record; a ValueError naming it if not."""
-  header, sep, data = record.partition(b"\n")
-  try:
-    obj = json.loads(header) if sep else None
-  except (json.JSONDecodeError, UnicodeDecodeError):
-    obj = None
-  if not isinstance(obj, dict) or not isinstance(obj.get("caption"), str):
-    raise ValueError(f"{name}: not a mot image record (a JSON line {{\"caption\": ...}} then "
-                     "image bytes); write the file with mot.data.user_data.write_array_record")
-  return obj["caption"], data
-
-
-def write_array_record(path: str, images: Iterable[Any], captions: Iterable[str]) -> int:
-  """Writes (image, caption) pairs to an ArrayRecord file; returns the record count.
-
-  Args:
-    path: the file to write (e.g. data/train-00000-of-00004.array_record).
-    images: each a uint8 array [H, W], [H, W, 1], [H, W, 3] or [H, W, 4] (stored as PNG),
-      a PIL image (stored as PNG), or a path to an image file (its bytes stored as is).
-    captions: one string per image.
-  """
-  from array_record.python import array_record_module  # lazy: ArrayRecord data only
-  images, captions = list(images), list(captions)
-  if len(images) != len(captions):
-    raise ValueError(f"write_array_record: {len(images)} images but {len(captions)} captions")
-  # group_size:1 makes random access (grain's shuffled reads) cheap.
-  writer = array_record_module.ArrayRecordWriter(os.fspath(path), "group_size:1")
-  try:
-    for i, (image, caption) in enumerate(zip(images, captions)):
-      if not isinstance(caption, str):
-        raise ValueError(f"write_array_record: caption {i} is a {type(caption).__name__}, "
-                         "not a str")
-      writer.write(encode_record(_image_bytes(image, i), caption))
-  finally:
-    writer.close()
-  return len(images)
-
-
-def _image_bytes(image: Any, i: int) -> bytes:
-  if isinstance(image, (str, os.PathLike)):
-    _check_header(os.fspath(image), f"write_array_record: image {i} ({image})")
-    with open(image, "rb") as f:
-      return f.read()
-  if not isinstance(image, Image.Image):
-    a = np.asarray(image)
-    if a.dtype != np.uint8 or a.ndim not in (2, 3) or (a.ndim == 3 and
-                                                       a.shape[-1] not in (1, 3, 4)):
-      raise ValueError(f"write_array_record: image {i} is {a.dtype} {a.shape}; pass uint8 "
-                       "[H, W], [H, W, 1|3|4] (0..255), a PIL image or a file path")
-    image = Image.fromarray(a[..., 0] if a.ndim == 3 and a.shape[-1] == 1 else a)
-  buf = io.BytesIO()
-  image.save(buf, format="PNG")
-  return buf.getvalue()
+  return Scan(where, files, tuple(counts), tuple(captions), tuple(headers))
 
 
 # ----------------------------------------------------------------------------------------
 # Tasks on (image, caption) pairs.
 # ----------------------------------------------------------------------------------------
+def image_patches(image: np.ndarray, options: tasks.TaskOptions,
+                  read_window: int = 0) -> np.ndarray:
+  """Patches [hp, wp, P'] of a model-scale image [H, W] (grayscale: `read_window` may
+  widen them, `mot.data.digits.patchify_window`) or [H, W, C]."""
+  if options.channels == 1:
+    return digits.patchify_window(image, options.patch_size, read_window)
+  return patches.to_patches(image, options.patch_size, options.channels)
+
+
 def generation_example(image: np.ndarray, caption: str,
                        options: tasks.TaskOptions) -> dict[str, np.ndarray]:
   """Caption -> image: BOS, caption (target, CFG conditioning), noised image, EOS."""
   b = SequenceBuilder(options.patch_dim)
   b.add_text([tokenizer_lib.BOS])
   b.add_text(_TOKENIZER.encode(caption), loss=True, cond=True)
-  b.add_image(digits.patchify(image, options.patch_size), noised=True)
+  b.add_image(image_patches(image, options), noised=True)
   b.add_text([tokenizer_lib.EOS], loss=True)
   return b.build()
 
 
 def reasoning_example(image: np.ndarray, caption: str,
                       options: tasks.TaskOptions) -> dict[str, np.ndarray]:
-  """Image -> caption: BOS, clean image, QUESTION, caption (target), EOS (target)."""
+  """Image -> caption: BOS, clean image, the question (`data.question`), caption
+  (target), EOS (target)."""
   b = SequenceBuilder(options.patch_dim)
   b.add_text([tokenizer_lib.BOS])
-  b.add_image(digits.patchify_window(image, options.patch_size, options.read_window),
-              noised=False)
-  b.add_text(_TOKENIZER.encode(QUESTION))
+  b.add_image(image_patches(image, options, options.read_window), noised=False)
+  b.add_text(_TOKENIZER.encode(options.question))
   b.add_text(_TOKENIZER.encode(caption) + [tokenizer_lib.EOS], loss=True)
   return b.build()
 
@@ -494,15 +410,21 @@ def build_example(name: str, image: np.ndarray, caption: str, options: tasks.Tas
   """One example of task `name`; like `tasks.build_example`, reasoning may be shifted."""
   check_task(name)
   if name == "reasoning" and shift_pixels > 0:
-    image = tasks.random_shift(image, shift_pixels, rng)
+    if image.ndim == 3:  # [H, W, C]: shift the spatial axes, channels alike
+      image = np.moveaxis(tasks.random_shift(np.moveaxis(image, -1, 0), shift_pixels, rng),
+                          0, -1)
+    else:
+      image = tasks.random_shift(image, shift_pixels, rng)
   return _BUILDERS[name](image, caption, options)
 
 
-def max_example_length(name: str, options: tasks.TaskOptions, image_size: int,
+def max_example_length(name: str, options: tasks.TaskOptions, shape: int | Sequence[int],
                        longest_caption: str) -> int:
-  """Tokens of the longest example of `name` (lengths grow with the caption's bytes)."""
+  """Tokens of the longest example of `name` for images of `shape` ((H, W), (H, W, C), or
+  an int S: S x S; lengths grow with the caption's bytes)."""
   check_task(name)
-  blank = np.full((image_size, image_size), digits.BACKGROUND, np.float32)
+  shape = (shape, shape) if isinstance(shape, int) else tuple(shape)
+  blank = np.full(shape, digits.BACKGROUND, np.float32)
   return len(_BUILDERS[name](blank, longest_caption, options)["tokens"])
 
 
@@ -513,18 +435,67 @@ def main(argv: Sequence[str] | None = None) -> None:
   parser = argparse.ArgumentParser(
       prog="python -m mot.data.user_data",
       description="Converts a folder with captions.jsonl (or a .jsonl file) to an "
-                  "ArrayRecord file for config.data.dataset='array_record'.")
-  parser.add_argument("source", help="folder with captions.jsonl, or a .jsonl file")
-  parser.add_argument("out", help="ArrayRecord file to write, e.g. data/train.array_record")
+                  "ArrayRecord file for config.data.dataset='array_record'; with --vae, "
+                  "encodes every image of a folder, .jsonl or ArrayRecord set once into a "
+                  "latent cache folder for config.data.latent_cache (docs/design.md §9).")
+  parser.add_argument("source", help="folder with captions.jsonl or a .jsonl file (with "
+                      "--vae also an ArrayRecord file or glob)")
+  parser.add_argument("out", help="ArrayRecord file to write (with --vae: the cache folder)")
+  parser.add_argument("--vae", help="diffusers AutoencoderKL folder: write a latent cache")
+  parser.add_argument("--image_size", type=int, nargs="+", metavar="N", help="--vae: H W "
+                      "(or S) images are resized to (default: the most common size)")
+  parser.add_argument("--resize", choices=RESIZE_MODES, default="crop", help="--vae: aspect "
+                      "fit (config.data.resize)")
+  parser.add_argument("--invert", action="store_true", help="--vae: config.data.invert")
   args = parser.parse_args(argv)
   try:
+    if args.vae:
+      meta = _write_latents(args)
+      print(f"wrote {meta['pairs']} latents {tuple(meta['latent_shape'])} of "
+            f"{tuple(meta['image_size'])} images to {args.out}")
+      return
     jsonl = _captions_file(args.source)
-    data = _open_jsonl(jsonl, _stamp([jsonl]), ImageOptions(), 1)
-    files = data.train.source
-    n = write_array_record(args.out, files.paths, files.captions)
+    scan = _scan_jsonl(jsonl, _stamp([jsonl]))
+    n = write_array_record(args.out, scan.files, scan.captions)
   except ValueError as e:
-    sys.exit(f"error: {e}")
+    sys.exit(f"error: {' '.join(str(e).split())}")
   print(f"wrote {n} records to {args.out}")
+
+
+def _write_latents(args) -> dict:
+  """`main --vae`: the source's images encoded once into the cache folder args.out."""
+  from mot import vae as vae_lib  # lazy: only --vae needs JAX and the VAE
+  is_records = args.source.endswith(".array_record") or glob.has_magic(args.source)
+  if is_records:
+    files = _array_record_files(args.source)
+    scan = _scan_array_record(tuple(files), _stamp(files))
+  else:
+    jsonl = _captions_file(args.source)
+    scan = _scan_jsonl(jsonl, _stamp([jsonl]))
+  if args.image_size and len(args.image_size) > 2:
+    raise ValueError(f"--image_size takes H W or S, not {args.image_size}")
+  vae = vae_lib.load_diffusers(args.vae)
+  options = ImageOptions(tuple(args.image_size) if args.image_size
+                         else scan.most_common_size(), args.invert, args.resize,
+                         vae.config.in_channels)
+  images = _RecordImages(scan) if is_records else scan.files
+  return latent_cache.write_cache(args.out, images, scan.keys(), scan.captions, scan.where,
+                                  options, vae, args.vae)
+
+
+class _RecordImages:
+  """images[i] -> the encoded image bytes of record i of a scanned ArrayRecord set."""
+
+  def __init__(self, scan: Scan):
+    self.source = ArrayRecordSource(scan.files, scan.counts, ImageOptions())
+
+  def __len__(self) -> int:
+    return len(self.source)
+
+  def __getitem__(self, i):
+    if isinstance(i, slice):
+      return [self[k] for k in range(*i.indices(len(self)))]
+    return decode_record(self.source.records[i], self.source.record_name(i))[1]
 
 
 if __name__ == "__main__":
