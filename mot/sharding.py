@@ -138,6 +138,19 @@ def logical_shardings(boxed_tree, mesh, rules, warn: bool = True):
   return out
 
 
+def batch_shards(batch: int) -> int:
+  """Into how many blocks of rows the logical rules split a batch of `batch` rows under
+  the mesh of the current trace (`jax.set_mesh`): the product of the mesh axes that
+  "activation_batch" maps to (the prefix that divides `batch`, as `mesh_spec`); 1 without
+  a mesh or rules. Layer code asks this instead of naming mesh axes (`mot.experts`)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  rules = nn.get_logical_axis_rules()
+  if mesh.empty or not rules:
+    return 1
+  spec, _ = mesh_spec(("activation_batch",), (batch,), mesh, rules)
+  return math.prod(mesh.shape[a] for a in _as_tuple(spec[0]))
+
+
 def replicated(mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 

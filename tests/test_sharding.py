@@ -147,3 +147,36 @@ def test_sharded_training_equals_one_device(tmp_path):
                              err_msg="bf16 matmuls on mesh (2,2,2): losses")
   assert b["params_max_rel_diff"] < 3e-2, b["params_max_rel_diff"]
   assert not b["sharding_errors"], "\n".join(b["sharding_errors"][:20])
+
+
+def _worker_report(log: str, args: list[str], what: str) -> dict:
+  _procs.run_all([([_procs.python(), "tests/_sharding_worker.py", *args], _procs.cpu_env(8),
+                   log)], timeout=240, what=what)
+  with open(log) as f:
+    line = next((l for l in f if l.startswith("RESULT ")), None)
+  assert line, f"the worker printed no RESULT line:\n{_procs.tail(log)}"
+  return json.loads(line[len("RESULT "):])
+
+
+@pytest.mark.parametrize("experts", ["mode", "modality"])
+def test_experts_on_a_mesh_equal_one_device(tmp_path, experts):
+  """MoT experts train on a (2,2,2) mesh with the single-device losses; the expert
+  weights shard by the rules (the expert axis unsplit, the rest as the shared weights);
+  tokens are grouped per data shard, so no activation is replicated or sent all-to-all."""
+  log = str(tmp_path / "worker.log")
+  report = _worker_report(log, ["--experts", experts, "(2,2,2)"], f"experts={experts} worker")
+  forced = [l for l in _procs.tail(log, 10**7).splitlines()
+            if "Involuntary full rematerialization" in l]
+  assert not forced, "XLA replicated an array to reshard it:\n" + "\n".join(forced[:3])
+  ref = report["reference_losses"]
+  r = report["meshes"]["(2,2,2)"]
+  assert len(ref) == 2 and all(np.isfinite(ref)), ref
+  np.testing.assert_allclose(r["losses"], ref, rtol=1e-5, err_msg="mesh (2,2,2) losses")
+  assert r["params_max_rel_diff"] < 2e-4, r["params_max_rel_diff"]
+  assert not r["sharding_errors"], "\n".join(r["sharding_errors"][:20])
+  assert r["named_leaves"] == 84, r["named_leaves"]
+  specs = r["expert_specs"]   # [layers, expert, ...]: split like the shared weights
+  wi = "['backbone']['layers']['block']['mlp']['wi']['kernel']"
+  assert specs[wi] == "P(None, None, 'fsdp', None, 'tensor')", specs[wi]
+  assert all(spec.startswith("P(None, None") for spec in specs.values()), specs
+  assert r["collectives"]["all-to-all"] == 0, r["collectives"]
