@@ -180,3 +180,25 @@ def test_experts_on_a_mesh_equal_one_device(tmp_path, experts):
   assert specs[wi] == "P(None, None, 'fsdp', None, 'tensor')", specs[wi]
   assert all(spec.startswith("P(None, None") for spec in specs.values()), specs
   assert r["collectives"]["all-to-all"] == 0, r["collectives"]
+
+
+def test_checkpoint_restores_on_another_mesh_and_on_one_device(tmp_path):
+  """2 steps on (2,2,2), checkpointed as train.py does; restored onto (1,2,4) and onto
+  one device, the parameters are the saved ones, sharded by the new mesh's rules, and
+  the next step's loss is the one the original mesh computes."""
+  log = str(tmp_path / "worker.log")
+  _procs.run_all([([_procs.python(), "tests/_restore_worker.py", str(tmp_path / "run"),
+                    "(2,2,2)", "(1,2,4)", "(1,1,1)"], _procs.cpu_env(8), log)],
+                 timeout=300, what="cross-mesh restore worker")
+  with open(log) as f:
+    line = next((l for l in f if l.startswith("RESULT ")), None)
+  assert line, f"the worker printed no RESULT line:\n{_procs.tail(log)}"
+  report = json.loads(line[len("RESULT "):])
+  reference = report["losses"][2]
+  assert np.isfinite(reference)
+  for mesh, devices in (("(1,2,4)", 8), ("(1,1,1)", 1)):
+    r = report["meshes"][mesh]
+    assert r["restored_step"] == 2, r
+    assert r["params_max_abs_diff"] == 0.0, r
+    assert r["sharded_as_rules"] and r["devices"] == devices, r
+    np.testing.assert_allclose(r["next_loss"], reference, rtol=1e-5, err_msg=mesh)
