@@ -83,9 +83,10 @@ def get_config(arg: str = "0.6b") -> ml_collections.ConfigDict:
   c.model.rope_theta = 1000000.0     # RoPE base (Qwen3)
   c.model.time_embed_dim = 256       # sinusoidal timestep features
   c.model.experts = "shared"         # "shared" | "mode" | "modality" weight tying
-  c.model.expert_impl = "ragged"     # experts' grouped matmul: "tiled" gathers one kernel
-                                     # copy per tile of 256 rows (17 copies of a layer's
-                                     # weights at 4k tokens), ragged_dot none
+  c.model.expert_impl = "auto"       # experts' grouped matmul: ragged_dot on TPU, tiled
+                                     # elsewhere (XLA:CPU expands ragged_dot into dense
+                                     # products whose gradient it gathers across the data
+                                     # shards: plan "mode" with tiled; docs/performance.md)
   c.model.scan_layers = True         # nn.scan over blocks: one block compiled
   c.model.scan_unroll = 1            # a loop over the layers (unrolling 28-36 blocks of this
                                      # size only lengthens the compile)
