@@ -5,7 +5,7 @@
       --config.batch_size=1
 
 It makes as many fake CPU devices as --mesh_shape has (XLA_FLAGS, set before JAX is
-imported), builds what `mot.train_lib.build_training` builds for train.py -- the model,
+imported), builds what `mot.step.build_training` builds for train.py -- the model,
 the optimizer, the state's shardings from the config's logical rules and the jitted train
 step that donates the state -- and lowers and compiles that step on abstract inputs
 (`jax.ShapeDtypeStruct`s carrying the shardings: nothing is initialised or allocated).
@@ -88,8 +88,9 @@ def abstract_inputs(config, model, tx, mesh, rules):
   import flax.linen as nn  # imported only once XLA_FLAGS is set (fake devices)
   import jax
   import jax.numpy as jnp
-  from mot import sharding, train_lib
-  init = train_lib.init_state_fn(model, tx, config.data.seq_len)
+  from mot import sharding
+  from mot import step as step_lib
+  init = step_lib.init_state_fn(model, tx, config.data.seq_len)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     boxed = jax.eval_shape(init, jax.random.PRNGKey(0))
   shardings = sharding.logical_shardings(boxed, mesh, rules, warn=False)
@@ -98,7 +99,7 @@ def abstract_inputs(config, model, tx, mesh, rules):
   rows = config.batch_size
   batch = {k: jax.ShapeDtypeStruct((rows,) + v.shape[1:], v.dtype,
                                    sharding=sharding.batch_sharding(mesh, v.ndim))
-           for k, v in train_lib.dummy_batch(model.cfg, config.data.seq_len).items()}
+           for k, v in step_lib.dummy_batch(model.cfg, config.data.seq_len).items()}
   rng = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding.replicated(mesh))
   return state, batch, rng, boxed, shardings
 
@@ -107,7 +108,8 @@ def plan(config, devices=None) -> dict:
   """Compiles config's train step on abstract inputs; returns the per-device figures."""
   import jax  # imported only once XLA_FLAGS is set (fake devices)
   from mot import config as config_lib
-  from mot import sharding, train_lib
+  from mot import sharding
+  from mot import step as step_lib
   from mot.model import MoT
   model_cfg = config_lib.validate(config)
   mesh = sharding.make_mesh(config, devices)
@@ -117,9 +119,9 @@ def plan(config, devices=None) -> dict:
         f"{sharding.batch_divisor(mesh)} data-parallel devices of the mesh: set "
         "--config.batch_size to a multiple")
   rules = sharding.logical_rules(config)
-  model, tx = MoT(model_cfg), train_lib.make_optimizer(config)
+  model, tx = MoT(model_cfg), step_lib.make_optimizer(config)
   state, batch, rng, _, shardings = abstract_inputs(config, model, tx, mesh, rules)
-  step = train_lib.jit_train_step(model, tx, config, mesh, rules, shardings)
+  step = step_lib.jit_train_step(model, tx, config, mesh, rules, shardings)
   with jax.set_mesh(mesh):
     compiled = step.lower(state, batch, rng).compile()
   xla = compiled.memory_analysis()

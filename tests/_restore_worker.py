@@ -23,6 +23,7 @@ import numpy as np  # noqa: E402
 
 from mot import checkpoint as ckpt_lib  # noqa: E402
 from mot import sharding, train_lib  # noqa: E402
+from mot import step as step_lib  # noqa: E402
 
 SAVED_STEP = 2
 
@@ -32,7 +33,7 @@ def start(mesh_shape: str, workdir: str):
   checkpoint, as train_lib.train_and_evaluate resumes."""
   config = equality_config(mesh_shape)
   devices = jax.devices()[:1] if mesh_shape == "(1,1,1)" else jax.devices()
-  t = train_lib.build_training(config, devices)
+  t = step_lib.build_training(config, devices)
   data_iter = iter(train_lib.process_train_dataset(config, t.mesh))
   manager = ckpt_lib.make_manager(workdir, keep=2)
   state, rng = t.state, t.step_rng

@@ -12,7 +12,7 @@ import numpy as np
 
 from configs import scale
 from mot import config as config_lib
-from mot import train_lib
+from mot import step as step_lib
 from mot.model import MoT
 from tests import _procs
 
@@ -28,8 +28,8 @@ def run_plan(*args):
 def expected_param_bytes(config) -> tuple[int, int]:
   """(parameters, bytes of one device's shards) from the logical names and the rules
   table, on a (1, FSDP, 1) mesh: a dim whose name maps to fsdp is split when it divides."""
-  model, tx = MoT(config_lib.validate(config)), train_lib.make_optimizer(config)
-  boxed = jax.eval_shape(train_lib.init_state_fn(model, tx, 8), jax.random.PRNGKey(0)).params
+  model, tx = MoT(config_lib.validate(config)), step_lib.make_optimizer(config)
+  boxed = jax.eval_shape(step_lib.init_state_fn(model, tx, 8), jax.random.PRNGKey(0)).params
   rules = dict(config.logical_axis_rules)
   count, per_device = 0, 0
   for leaf in jax.tree.leaves(boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned)):
