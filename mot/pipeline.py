@@ -5,6 +5,12 @@
   pipe.generate("a handwritten digit 7", num_samples=4)       # -> float32 [4, 8, 8] in [0, 1]
   pipe.think_then_draw("draw the digit after 3:")            # -> ("4", [1, 8, 8] image)
 
+On a mesh (as train.py shards, by the config's logical rules; the parameters are read
+straight into their shards, never whole on one device, and the jitted decode and denoise
+run there with each batch's rows split over the data axes):
+
+  pipe = mot.Pipeline.from_workdir("runs/digits", mesh_shape="(2,2,2)")
+
 A moving-digits checkpoint (config.data.dataset="moving_digits") works on clips:
 
   video = mot.Pipeline.from_workdir("runs/moving")
@@ -21,23 +27,27 @@ paths or PIL images of any size and colour mode (`mot.media`), and go out in [0,
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Sequence
 from typing import Any
 
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
 from mot import checkpoint as ckpt_lib
 from mot import config as config_lib
-from mot import config_upgrade, media, patches, sampling
+from mot import config_upgrade, media, patches, sampling, sharding
+from mot import step as step_lib
 from mot import sample_options as opts
 from mot import tokenizer as tokenizer_lib
 from mot.data import moving_digits, tasks
 from mot.errors import CheckpointError, ConfigError, InputError
-from mot.model import MoT
+from mot.model import MoT, inputs_from_batch
 from mot.prompts import PromptBuilder
 
 DEFAULT_QUESTION = tasks.QUESTION
@@ -53,7 +63,8 @@ class Pipeline:
   (e.g. during training), `Pipeline(config, params)`.
   """
 
-  def __init__(self, config: Any, params: Any, step: int | None = None):
+  def __init__(self, config: Any, params: Any, step: int | None = None,
+               mesh: jax.sharding.Mesh | None = None):
     if not isinstance(config, ml_collections.ConfigDict):
       config = ml_collections.ConfigDict(config)
     self.config = config
@@ -65,6 +76,8 @@ class Pipeline:
       logging.disable(logging.NOTSET)
     self.model = MoT(self.model_cfg)
     self.params = params
+    self.mesh = mesh               # None: one device; else params are sharded over it
+    self.rules = sharding.logical_rules(config) if mesh is not None else ()
     self.step = step
     self.tokenizer = tokenizer_lib.Tokenizer()
     data, sample = config.data, config.sample
@@ -89,22 +102,41 @@ class Pipeline:
     self.default_reason_shifts = int(sample.reason_shifts)
 
   @classmethod
-  def from_workdir(cls, workdir: str, use_ema: bool = True, step: int | None = None
-                   ) -> "Pipeline":
+  def from_workdir(cls, workdir: str, use_ema: bool = True, step: int | None = None,
+                   mesh_shape: str | None = None) -> "Pipeline":
     """Loads the newest (or `step`'s) checkpoint of a training workdir once.
 
     The config comes from the JSON saved beside the checkpoint (brought up to date by
     `mot.config_upgrade.upgrade_config`) and is validated again; only the parameters (EMA
-    when present and `use_ema`) are read. Raises `CheckpointError` (one line) for a
-    missing workdir, no checkpoint, or no readable checkpoint.
+    when present and `use_ema`) are read. With `mesh_shape` (e.g. "(2,2,2)" over the
+    config's mesh axes; one -1 takes the remaining devices) they are read sharded by the
+    config's logical rules, as training shards them, and sampling runs on that mesh.
+    Raises `CheckpointError` (one line) for a missing workdir, no checkpoint, or no
+    readable checkpoint, and `ConfigError` for a mesh the devices cannot form.
     """
-    params, saved, restored_step = ckpt_lib.restore_params(workdir, step, use_ema)
-    try:
-      return cls(config_upgrade.upgrade_config(saved), params, restored_step)
-    except ConfigError as e:
-      raise CheckpointError(
-          f"the config saved with checkpoint {restored_step} in {workdir} is not valid: {e}"
-      ) from None
+    meshes = []
+
+    def sharded_params(saved: dict):
+      config = checked_config(saved, workdir)
+      meshes.append(mesh_of(config, mesh_shape))
+      return sharded_param_shapes(config, meshes[-1])
+
+    params, saved, restored_step = ckpt_lib.restore_params(
+        workdir, step, use_ema, shardings=None if mesh_shape is None else sharded_params)
+    config = checked_config(saved, workdir, restored_step)
+    return cls(config, params, restored_step, meshes[-1] if meshes else None)
+
+  # -------------------------------------------------------------------------- mesh ------
+  def on_mesh(self):
+    """Where the jitted sampling calls trace and run: the mesh and its logical rules (so
+    the model's activation constraints apply), or nothing special on one device."""
+    if self.mesh is None:
+      return contextlib.nullcontext()
+    return sharding.on_mesh(self.mesh, self.rules)
+
+  def place(self, tree):
+    """A host batch for a jitted call: on a mesh, its rows split over the data axes."""
+    return tree if self.mesh is None else sharding.put_rows(self.mesh, tree)
 
   # -------------------------------------------------------------------------- checks ----
   def check_length(self, n: int, extra: int, what: str) -> None:
@@ -249,8 +281,10 @@ class Pipeline:
       rows = (stop_i - start) * views
       padded = sampling.pad_left(examples[start * views:stop_i * views], length,
                                  batch * views, row_ids=range(start * views, stop_i * views))
-      tokens, _ = sampling.decode(self.model, self.params, padded, max_new_tokens, rng,
-                                  temperature, top_k, top_p, views=views)
+      with self.on_mesh():
+        tokens, _ = sampling.decode(self.model, self.params, self.place(padded),
+                                    max_new_tokens, rng, temperature, top_k, top_p,
+                                    views=views)
       for row in tokens[:rows:views]:
         ends = np.flatnonzero(stop[row])
         out.append([int(t) for t in row[:ends[0] if ends.size else len(row)]])
@@ -363,8 +397,9 @@ class Pipeline:
       block = sampling.block_arrays(blocks[start:stop], batch)
       ids = np.arange(start, start + batch)  # padding rows draw their own (unused) noise
       noise = sampling.initial_noise(seed, ids, (m, p), stream)
-      x0 = sampling.denoise(self.model, self.params, prefix, block, noise, steps,
-                            cfg_scale, sampler, self.time_shift)
+      with self.on_mesh():
+        x0 = sampling.denoise(self.model, self.params, self.place(prefix), self.place(block),
+                              self.place(noise), steps, cfg_scale, sampler, self.time_shift)
       out.append(x0[:stop - start])
     return np.concatenate(out)
 
@@ -416,6 +451,42 @@ def shift(image: np.ndarray, dy: int, dx: int) -> np.ndarray:
     return tasks.shift_image(image, dy, dx, background=0.0)
   return np.moveaxis(tasks.shift_image(np.moveaxis(image, -1, 0), dy, dx, background=0.0),
                      0, -1)
+
+
+def checked_config(saved: dict, workdir: str, step: int | None = None
+                   ) -> ml_collections.ConfigDict:
+  """A checkpoint's saved config, upgraded and validated; CheckpointError if invalid."""
+  config = ml_collections.ConfigDict(config_upgrade.upgrade_config(saved))
+  logging.disable(logging.WARNING)   # validation may warn about packing training rows
+  try:
+    config_lib.validate(config)
+  except ConfigError as e:
+    where = f"checkpoint {step}" if step is not None else "the checkpoint"
+    raise CheckpointError(f"the config saved with {where} in {workdir} is not valid: {e}"
+                          ) from None
+  finally:
+    logging.disable(logging.NOTSET)
+  return config
+
+
+def mesh_of(config, mesh_shape: str) -> jax.sharding.Mesh:
+  """The mesh `mesh_shape` over the config's mesh axes and this process's devices."""
+  with config.unlocked():
+    config.mesh_shape = mesh_shape
+  return sharding.make_mesh(config)
+
+
+def sharded_param_shapes(config, mesh) -> Any:
+  """ShapeDtypeStructs of the model's parameters carrying their NamedShardings on `mesh`
+  by the config's logical rules (shapes from `jax.eval_shape`: nothing allocated)."""
+  model, rules = MoT(config_lib.validate(config)), sharding.logical_rules(config)
+  inputs = inputs_from_batch(jax.tree.map(jnp.asarray,
+                                          step_lib.dummy_batch(model.cfg, 8)))
+  with sharding.on_mesh(mesh, rules):
+    boxed = jax.eval_shape(model.init, jax.random.PRNGKey(0), inputs)["params"]
+  shardings = sharding.logical_shardings(boxed, mesh, rules)
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                      nn.meta.unbox(boxed), shardings)
 
 
 def action_chunks(actions: Any, num_frames: int) -> np.ndarray:
