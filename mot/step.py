@@ -186,7 +186,9 @@ def apply_update(state: TrainState, grads, tx, config) -> TrainState:
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   decay = ema_decay(state.step, config.ema_decay)
-  ema = jax.tree.map(lambda e, p: decay * e + (1.0 - decay) * p, state.ema_params, params)
+  # Kept in the parameters' dtype (the float32 decay would promote bf16 parameters).
+  ema = jax.tree.map(lambda e, p: (decay * e + (1.0 - decay) * p).astype(e.dtype),
+                     state.ema_params, params)
   return state.replace(params=params, opt_state=opt_state, ema_params=ema)
 
 

@@ -177,3 +177,23 @@ def test_a_nonfinite_step_leaves_the_state_bitwise_unchanged(tiny_config):
     np.testing.assert_array_equal(old, new)
   moved = jax.tree.leaves(jax.device_get(state.params))
   assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(after.params), moved))
+
+
+def test_a_step_keeps_bf16_parameters_and_their_ema_in_bf16(tiny_config):
+  """model.param_dtype=bfloat16: the EMA's float32 decay must not promote the state
+  (the step's lax.cond needs the same dtypes either way, and a promoted state would
+  recompile the next step)."""
+  import jax
+  from mot import sharding
+  from mot.data import input_pipeline
+  tiny_config.model.param_dtype = "bfloat16"
+  t = step_lib.build_training(tiny_config, jax.devices()[:1])
+  batch = next(iter(input_pipeline.make_train_dataset(tiny_config.data, tiny_config.seed,
+                                                      tiny_config.batch_size)))
+  dtypes = jax.tree.map(lambda x: x.dtype, t.state)
+  with jax.set_mesh(t.mesh):
+    state, metrics = t.p_train_step(
+        t.state, sharding.global_batch(t.mesh, batch, tiny_config.batch_size), t.step_rng)
+  assert np.isfinite(float(metrics["loss"]))
+  assert jax.tree.map(lambda x: x.dtype, state) == dtypes
+  assert {str(x.dtype) for x in jax.tree.leaves(state.ema_params)} == {"bfloat16"}
