@@ -53,8 +53,6 @@ def draws(pipe: Pipeline) -> dict:
   return {
       "generated": pipe.generate(PROMPTS, num_samples=2, steps=4, cfg_scale=2.0, seed=3),
       "answers": pipe.reason(images=images, shifts=0, max_new_tokens=4),
-      "think": pipe.think_then_draw("draw the digit after 3:", max_new_tokens=4, steps=4,
-                                    seed=1),
   }
 
 
@@ -83,8 +81,6 @@ def main(workdir: str, out: str):
       "generated_max_abs_diff": float(np.max(np.abs(a["generated"] - b["generated"]))),
       "generated_shape": list(a["generated"].shape),
       "answers": [a["answers"], b["answers"]],
-      "think_answers": [a["think"][0], b["think"][0]],
-      "think_max_abs_diff": float(np.max(np.abs(a["think"][1] - b["think"][1]))),
       "cli_images": len(cli_one),
       "cli_max_abs_diff": float(np.max(np.abs(cli_one - cli_mesh))),
   }))

@@ -31,8 +31,6 @@ def test_sampling_on_a_mesh_equals_one_device(tmp_path):
   assert r["generated_shape"] == [4, 8, 8]
   assert r["generated_max_abs_diff"] < 1e-4, r["generated_max_abs_diff"]
   assert r["answers"][0] == r["answers"][1] and len(r["answers"][0]) == 6
-  assert r["think_answers"][0] == r["think_answers"][1]
-  assert r["think_max_abs_diff"] < 1e-4, r["think_max_abs_diff"]
   # sample.py's logic writes the same PNGs (8-bit: at most one level apart).
   assert r["cli_images"] == 2 and r["cli_max_abs_diff"] <= 1.0, r["cli_max_abs_diff"]
 
