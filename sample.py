@@ -15,6 +15,11 @@ with --images FIRST_FRAME.png runs the world model (action-conditioned predictio
   python sample.py --workdir runs/moving --mode generate --images first.png \\
       --actions right,right,right,down,down,down,down --out predicted/
 
+On a mesh (the parameters read sharded as training shards them; 8 fake CPU devices with
+XLA_FLAGS=--xla_force_host_platform_device_count=8):
+  python sample.py --workdir runs/digits --mode generate --prompt "a handwritten digit 7" \
+      --out samples/ --mesh_shape "(2,2,2)"
+
 All logic lives in mot.sample_cli (the command) and mot.pipeline (`mot.Pipeline`).
 """
 from absl import flags
@@ -59,6 +64,10 @@ flags.DEFINE_integer("max_new_tokens", None, "--mode reason / think_then_draw: m
                      "an answer may have (reason default: the config's sample.max_new_tokens;"
                      " user data: the run's longest caption and its EOS; think_then_draw: 8).")
 flags.DEFINE_integer("seed", 0, "Seed of the noise and of token sampling; fixed seed, same output.")
+flags.DEFINE_string("mesh_shape", None, "Sample on a mesh of this shape over the config's mesh "
+                    "axes, e.g. '(2,2,2)' (data, fsdp, tensor); one -1 takes the remaining "
+                    "devices. The parameters are read sharded as training shards them. "
+                    "Default: one device.")
 flags.mark_flag_as_required("workdir")
 
 
@@ -76,7 +85,8 @@ def main(argv):
         as_json=FLAGS.json, num_samples=FLAGS.num_samples, out=FLAGS.out, steps=FLAGS.steps,
         cfg_scale=FLAGS.cfg_scale, sampler=FLAGS.sampler, seed=FLAGS.seed,
         actions=FLAGS.actions, num_frames=FLAGS.num_frames,
-        reason_shifts=FLAGS.reason_shifts, max_new_tokens=FLAGS.max_new_tokens))
+        reason_shifts=FLAGS.reason_shifts, max_new_tokens=FLAGS.max_new_tokens,
+        mesh_shape=FLAGS.mesh_shape))
 
 if __name__ == "__main__":
   cli.tune_malloc()  # keep XLA's per-step CPU scratch memory (see mot/cli.py)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, Callable
 
 import grain
 from absl import logging
@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from mot.errors import CheckpointError  # noqa: F401  (raised here; also mot.checkpoint's name)
+from mot.errors import CheckpointError, ConfigError  # noqa: F401  (also mot.checkpoint's name)
 from etils import epath
 
 CHECKPOINT_DIR = "checkpoints"
@@ -123,12 +123,16 @@ def available_steps(workdir: str) -> list[int]:
 
 
 def restore_params(workdir: str, step: int | None = None, use_ema: bool = True,
-                   device=None) -> tuple[Any, dict, int]:
+                   device=None, shardings: Callable[[dict], Any] | None = None
+                   ) -> tuple[Any, dict, int]:
   """(params, saved config dict, step) of one checkpoint, without the optimizer state.
 
   Reads only the parameter subtree (the EMA parameters when `use_ema` and present) onto
-  one device. With `step=None` the newest checkpoint is used; one that cannot be read
-  is skipped with a warning naming it when an older one exists. Every failure is a
+  one device, or, with `shardings` (saved config dict -> a tree of ShapeDtypeStructs
+  carrying NamedShardings, shaped as the parameters), straight into those shardings:
+  each device reads its own shards, no device ever holds a whole parameter it does not
+  keep. With `step=None` the newest checkpoint is used; one that cannot be read is
+  skipped with a warning naming it when an older one exists. Every failure is a
   CheckpointError with a one-line message.
   """
   steps = available_steps(workdir)
@@ -142,7 +146,9 @@ def restore_params(workdir: str, step: int | None = None, use_ema: bool = True,
   errors = []
   for s in candidates:
     try:
-      params, config = _restore_params_at(workdir, s, use_ema, device)
+      params, config = _restore_params_at(workdir, s, use_ema, device, shardings)
+    except (CheckpointError, ConfigError):
+      raise   # from `shardings`: the config or the mesh, not a damaged checkpoint
     except Exception as e:  # pylint: disable=broad-except  (any damage: try the next)
       reason = " ".join(str(e).split())[:200] or type(e).__name__
       errors.append(f"step {s}: {reason}")
@@ -154,7 +160,8 @@ def restore_params(workdir: str, step: int | None = None, use_ema: bool = True,
   raise CheckpointError(f"no readable checkpoint in workdir {workdir} ({'; '.join(errors)})")
 
 
-def _restore_params_at(workdir: str, step: int, use_ema: bool, device) -> tuple[Any, dict]:
+def _restore_params_at(workdir: str, step: int, use_ema: bool, device, shardings
+                       ) -> tuple[Any, dict]:
   config = saved_config(workdir, step)
   if not isinstance(config, dict) or "model" not in config:
     raise ValueError("its config JSON has no model section")
@@ -168,17 +175,22 @@ def _restore_params_at(workdir: str, step: int, use_ema: bool, device) -> tuple[
   key = "ema_params" if use_ema and "ema_params" in tree else "params"
   if key not in tree:
     raise ValueError("its state holds no params")
-  # Read as host arrays, then put them on the device uncommitted (like any jnp array),
-  # so jitted samplers compiled for in-memory parameters are reused for restored ones.
-  abstract = jax.tree.map(lambda m: np.zeros((), m.dtype), tree[key])
-  item = {key: abstract}
-  restore_args = {key: jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
-                                   abstract)}
+  if shardings is not None:
+    abstract = shardings(config)
+    restore_args = ocp.checkpoint_utils.construct_restore_args(abstract)
+  else:
+    # Read as host arrays, then put them on the device uncommitted (like any jnp array),
+    # so jitted samplers compiled for in-memory parameters are reused for restored ones.
+    abstract = jax.tree.map(lambda m: np.zeros((), m.dtype), tree[key])
+    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), abstract)
+  item, restore_args = {key: abstract}, {key: restore_args}
   for name in reversed(prefix):
     item, restore_args = {name: item}, {name: restore_args}
   restored = handler.restore(path, args=ocp.args.PyTreeRestore(
       item=item, restore_args=restore_args, partial_restore=True))
   for name in prefix:
     restored = restored[name]
+  if shardings is not None:
+    return restored[key], config
   put = (lambda x: jax.device_put(x, device)) if device is not None else jnp.asarray
   return jax.tree.map(put, restored[key]), config

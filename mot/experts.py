@@ -10,17 +10,29 @@ global over the whole sequence. Routing is a pure function of `modality` and
 `mask_ids.noised`, so a KV-cached decode routes every new token as the full forward does
 and the cache holds each token's own expert's keys and values.
 
-Grouping (`group_tokens`, once per forward, shared by every layer): the B*L tokens are
-laid out expert by expert in a buffer of R rows. A token's row is its expert's start plus
-its rank among that expert's tokens (a cumulative sum: a stable sort by expert without a
-sort). The residual stream lives in that buffer through the whole stack; only attention
-(RoPE, mask, KV cache) returns to the [B, L] layout. Moving rows in and out is a gather
-whose transpose is the opposite gather (`_move_rows`), so no scatter appears in training.
+Grouping (`group_tokens`, once per forward, shared by every layer): the B rows are split
+into S data shards of B/S rows, as many as the logical rules split the batch axis at trace
+time (`mot.sharding.batch_shards`: the mesh axes of "activation_batch", S = 1 without a
+mesh), and each shard's tokens are grouped on their own. Within a shard the N = B/S*L
+tokens are laid out expert by expert in a buffer of R rows: a token's row is its expert's
+start plus its rank among that expert's tokens (a cumulative sum: a stable sort by expert
+without a sort). The buffer [S, R, ...] keeps the batch axis's logical name, so shard s
+lives on the devices that hold rows [s*B/S, (s+1)*B/S) of the batch and moving tokens in
+and out is a gather inside one device: no all-to-all and no all-gather of activations,
+whatever the data and fsdp sizes (grouping across the whole batch would move every token
+to wherever its expert's buffer row lives). Experts' weights are not split by expert (the
+rules map "expert" to no mesh axis): every device holds its fsdp share of every expert,
+as of any shared weight. The residual stream lives in the buffer through the whole stack;
+only attention (RoPE, mask, KV cache) returns to the [B, L] layout. Moving rows in and out
+is a gather whose transpose is the opposite gather (`_move_rows`), so no scatter appears
+in training. A token's result does not depend on S: only the order in which the gradient
+of a kernel sums its rows does.
 
 Two ways to multiply the buffer by each group's weights (`grouped_matmul`):
-  ragged  `jax.lax.ragged_dot` with the group sizes (R = N). On TPU this is one native
-          grouped matmul; on CPU (and GPU without cuDNN's ragged-dot fusion) XLA expands it
-          into one dense matmul per expert: E times the FLOPs.
+  ragged  `jax.lax.ragged_dot_general` with the group sizes, the shard a batch dimension
+          (R = N). On TPU this is one native grouped matmul; on CPU (and GPU without
+          cuDNN's ragged-dot fusion) XLA expands it into one dense matmul per expert: E
+          times the FLOPs.
   tiled   every expert's group starts on a tile boundary (tiles of T rows), so every tile
           belongs to one expert; one batched matmul over the K tiles with each tile's
           weights. K = ceil(N / T) + E - 1 covers any split, so (E - 1) * T padding rows
@@ -30,9 +42,9 @@ Two ways to multiply the buffer by each group's weights (`grouped_matmul`):
 to "shared" is in docs/performance.md, from bench/experts_step_time.py).
 
   groups = experts.group_tokens(cfg, inputs.modality, inputs.mask_ids.noised)  # or None
-  buf = groups.dispatch(x)                   # [B, L, d] -> [R, d]
+  buf = groups.dispatch(x)                   # [B, L, d] -> [S, R, d]
   y = experts.grouped_matmul(buf, kernel, groups)   # kernel [E, d, out]
-  x = groups.combine(y)                      # [R, out] -> [B, L, out]
+  x = groups.combine(y)                      # [S, R, out] -> [B, L, out]
 """
 from __future__ import annotations
 
@@ -41,10 +53,12 @@ import functools
 import math
 from typing import Any, Callable
 
+import flax.linen as nn
 import jax
 import optax
 import jax.numpy as jnp
 
+from mot import sharding
 from mot.config import ModelConfig
 
 Array = jax.Array
@@ -104,43 +118,47 @@ _move_rows.defvjp(_move_rows_fwd, _move_rows_bwd)
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class Groups:
-  """Tokens grouped by expert: one static-shape plan for every layer of a forward pass.
+  """Tokens grouped by expert, per data shard: one static-shape plan for every layer of a
+  forward pass.
 
-  Token n (of the N = B*L tokens, row-major) sits in buffer row dest[n]; buffer row r
-  holds token src[r] where valid[r] (padding rows hold zeros). The buffer is K tiles of
-  R // K rows, tile k belonging to expert tile_expert[k] (ragged: K = R, one row a tile).
+  The B rows form S shards of B/S rows. Token n of shard s (of its N = B/S*L tokens,
+  row-major) sits in buffer row dest[s, n]; buffer row r of shard s holds token src[s, r]
+  where valid[s, r] (padding rows hold zeros). A shard's buffer is K tiles of R // K rows,
+  tile k belonging to expert tile_expert[s, k] (ragged: K = R, one row a tile).
   """
-  dest: Array           # int32 [N]
-  src: Array            # int32 [R]
-  valid: Array          # bool [R]
-  tile_expert: Array    # int32 [K]
-  group_sizes: Array    # int32 [E] tokens per expert
+  dest: Array           # int32 [S, N]
+  src: Array            # int32 [S, R]
+  valid: Array          # bool [S, R]
+  tile_expert: Array    # int32 [S, K]
+  group_sizes: Array    # int32 [S, E] tokens per expert in each shard
   token_shape: tuple[int, ...] = dataclasses.field(metadata={"static": True})  # (B, L)
   impl: str = dataclasses.field(metadata={"static": True})    # "tiled" | "ragged"
 
   @property
   def num_experts(self) -> int:
-    return self.group_sizes.shape[0]
+    return self.group_sizes.shape[-1]
+
+  @property
+  def shards(self) -> int:
+    return self.src.shape[0]
 
   @property
   def tile(self) -> int:
-    return self.src.shape[0] // self.tile_expert.shape[0]
+    return self.src.shape[-1] // self.tile_expert.shape[-1]
 
   def dispatch(self, x: Array) -> Array:
-    """[B, L, ...] -> buffer [R, ...]."""
-    flat = x.reshape((-1,) + x.shape[2:])
-    return _move_rows(flat, self.src, self.dest, self.valid, None)
+    """[B, L, ...] -> buffer [S, R, ...]."""
+    flat = x.reshape((self.shards, -1) + x.shape[2:])
+    return jax.vmap(_move_rows)(flat, self.src, self.dest, self.valid, None)
 
   def combine(self, y: Array) -> Array:
-    """Buffer [R, ...] -> [B, L, ...]."""
-    out = _move_rows(y, self.dest, self.src, None, self.valid)
-    return out.reshape(self.token_shape + y.shape[1:])
+    """Buffer [S, R, ...] -> [B, L, ...]."""
+    out = jax.vmap(_move_rows)(y, self.dest, self.src, None, self.valid)
+    return out.reshape(self.token_shape + y.shape[2:])
 
   def tiles(self, x: Array) -> Array:
-    return x.reshape((self.tile_expert.shape[0], self.tile) + x.shape[1:])
-
-  def untile(self, x: Array) -> Array:
-    return x.reshape((-1,) + x.shape[2:])
+    """Buffer [S, R, ...] -> [S, K, R // K, ...]."""
+    return x.reshape(self.tile_expert.shape + (self.tile,) + x.shape[2:])
 
 
 def tile_rows(num_tokens: int, num_experts: int, tile: int) -> int:
@@ -149,10 +167,23 @@ def tile_rows(num_tokens: int, num_experts: int, tile: int) -> int:
   return max(1, min(tile, -(-per_expert // 8) * 8))
 
 
-def group_by_expert(expert: Array, num_experts: int, impl: str = "tiled", tile: int = 256
-                    ) -> Groups:
-  """The grouping plan of the tokens whose experts are `expert` int32 [B, L]."""
-  e = expert.reshape(-1).astype(jnp.int32)
+def group_by_expert(expert: Array, num_experts: int, impl: str = "tiled", tile: int = 256,
+                    shards: int = 1) -> Groups:
+  """The grouping plan of the tokens whose experts are `expert` int32 [B, L], each of
+  `shards` blocks of B/shards rows grouped on its own."""
+  if impl not in ("tiled", "ragged"):
+    raise ValueError(f"unknown expert_impl {impl!r}: use 'auto', 'tiled' or 'ragged'")
+  b = expert.shape[0]
+  if b % shards:
+    raise ValueError(f"{b} rows do not split into {shards} shards")
+  per_shard = expert.reshape(shards, -1).astype(jnp.int32)
+  plan = jax.vmap(functools.partial(_shard_plan, num_experts=num_experts, impl=impl,
+                                    tile=tile))(per_shard)
+  return Groups(*plan, token_shape=tuple(expert.shape), impl=impl)
+
+
+def _shard_plan(e: Array, num_experts: int, impl: str, tile: int):
+  """(dest, src, valid, tile_expert, counts) of one shard's tokens e int32 [N]."""
   n = e.shape[0]
   onehot = jax.nn.one_hot(e, num_experts, dtype=jnp.int32)                    # [N, E]
   counts = jnp.sum(onehot, axis=0)                                             # [E]
@@ -161,14 +192,12 @@ def group_by_expert(expert: Array, num_experts: int, impl: str = "tiled", tile: 
   if impl == "ragged":
     rows, t = n, 1
     starts = jnp.cumsum(counts) - counts
-  elif impl == "tiled":
+  else:
     t = tile_rows(n, num_experts, tile)
     rows = (-(-n // t) + num_experts - 1) * t
     tiles = -(-counts // t)
     tile_end = jnp.cumsum(tiles)
     starts = (tile_end - tiles) * t
-  else:
-    raise ValueError(f"unknown expert_impl {impl!r}: use 'auto', 'tiled' or 'ragged'")
   dest = starts[e] + rank
   src = jnp.zeros((rows,), jnp.int32).at[dest].set(jnp.arange(n, dtype=jnp.int32),
                                                    unique_indices=True)
@@ -180,16 +209,17 @@ def group_by_expert(expert: Array, num_experts: int, impl: str = "tiled", tile: 
     tile_expert = jnp.minimum(
         jnp.sum(jnp.arange(k, dtype=jnp.int32)[:, None] >= tile_end[None, :], axis=1),
         num_experts - 1).astype(jnp.int32)
-  return Groups(dest=dest, src=src, valid=valid, tile_expert=tile_expert,
-                group_sizes=counts, token_shape=tuple(expert.shape), impl=impl)
+  return dest, src, valid, tile_expert, counts
 
 
 def group_tokens(cfg: ModelConfig, modality: Array, noised: Array) -> Groups | None:
-  """The plan for `cfg.experts` (None for "shared": the dense path, unchanged)."""
+  """The plan for `cfg.experts` (None for "shared": the dense path, unchanged), grouped
+  per data shard of the batch as the current mesh and logical rules split it."""
   if cfg.experts == "shared":
     return None
   return group_by_expert(expert_ids(cfg, modality, noised), num_experts(cfg),
-                         resolve_impl(cfg.expert_impl), cfg.expert_tile)
+                         resolve_impl(cfg.expert_impl), cfg.expert_tile,
+                         sharding.batch_shards(modality.shape[0]))
 
 
 # ----------------------------------------------------------------------------------------
@@ -197,7 +227,7 @@ def group_tokens(cfg: ModelConfig, modality: Array, noised: Array) -> Groups | N
 # ----------------------------------------------------------------------------------------
 def grouped_matmul(x: Array, kernel: Array, groups: Groups, in_dims: int = 1,
                    operand_dtype=None) -> Array:
-  """Buffer x [R, *in] times its rows' experts' kernel [E, *in, *out] -> [R, *out].
+  """Buffer x [S, R, *in] times its rows' experts' kernel [E, *in, *out] -> [S, R, *out].
 
   operand_dtype (None: x's dtype, the plain product): round both operands to it and
   accumulate in float32, as `mot.matmul.rounded_matmul` does for the dense layers. The
@@ -205,21 +235,32 @@ def grouped_matmul(x: Array, kernel: Array, groups: Groups, in_dims: int = 1,
   path leaves them to autodiff: products of the float32 cotangent, whose results are
   rounded to operand_dtype on their way back through the operands' casts.
   """
-  in_shape = x.shape[1:]
+  in_shape = x.shape[2:]
   assert len(in_shape) == in_dims and kernel.shape[1:1 + in_dims] == in_shape, (
       x.shape, kernel.shape, in_dims)
   out_shape = kernel.shape[1 + in_dims:]
   # Matrices [*, in] x [in, out] (free reshapes): XLA:CPU has fast kernels for plain 2-D
   # products, not for the same contraction with several in/out dims.
-  rows = x.shape[0]
-  x = x.reshape(rows, -1)
+  shards, rows = x.shape[:2]
+  x = x.reshape(shards, rows, -1)
   kernel = kernel.reshape(kernel.shape[0], math.prod(in_shape), -1)
   if groups.impl == "ragged":
-    y = jax.lax.ragged_dot(_round(x, operand_dtype), _round(kernel, operand_dtype),
-                           groups.group_sizes, preferred_element_type=_acc(operand_dtype))
+    y = _ragged_matmul(_round(x, operand_dtype), _round(kernel, operand_dtype),
+                       groups.group_sizes, _acc(operand_dtype))
   else:
     y = _tiled_matmul(groups.tiles(x), kernel, groups.tile_expert, operand_dtype)
-  return y.reshape((rows,) + out_shape).astype(x.dtype)
+  return y.reshape((shards, rows) + out_shape).astype(x.dtype)
+
+
+def _ragged_matmul(x: Array, kernel: Array, group_sizes: Array, acc) -> Array:
+  """x [S, R, in] (each shard's rows sorted by expert, group_sizes [S, E]) times kernel
+  [E, in, out] -> [S, R, out]: the shard is a batch dimension of one ragged product."""
+  shards = x.shape[0]
+  numbers = jax.lax.RaggedDotDimensionNumbers(
+      dot_dimension_numbers=(([2], [2]), ([0], [0])), lhs_ragged_dimensions=[1],
+      rhs_group_dimensions=[1])
+  return jax.lax.ragged_dot_general(x, jnp.broadcast_to(kernel, (shards,) + kernel.shape),
+                                    group_sizes, numbers, preferred_element_type=acc)
 
 
 def _round(a: Array, dtype) -> Array:
@@ -232,14 +273,14 @@ def _acc(dtype):
 
 
 def _tile_kernels(kernel: Array, tile_expert: Array) -> Array:
-  return jnp.take(kernel, tile_expert, axis=0, mode="clip")         # [K, in, out]
+  return jnp.take(kernel, tile_expert, axis=0, mode="clip")         # [S, K, in, out]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _tiled_matmul(x: Array, kernel: Array, tile_expert: Array, operand_dtype=None) -> Array:
-  """x [K, T, in] times each tile's expert's kernel [E, in, out] -> [K, T, out], from
-  operands rounded to operand_dtype (None: as they are) with float32 accumulation."""
-  return jnp.einsum("kti,kio->kto", _round(x, operand_dtype),
+  """x [S, K, T, in] times each tile's expert's kernel [E, in, out] -> [S, K, T, out],
+  from operands rounded to operand_dtype (None: as they are), float32 accumulation."""
+  return jnp.einsum("skti,skio->skto", _round(x, operand_dtype),
                     _tile_kernels(_round(kernel, operand_dtype), tile_expert),
                     preferred_element_type=_acc(operand_dtype))
 
@@ -256,11 +297,12 @@ def _tiled_matmul_bwd(operand_dtype, res, ct):
   ct = _round(ct, operand_dtype)
   w = _tile_kernels(_round(kernel, operand_dtype), tile_expert)
   acc = _acc(operand_dtype)
-  dx = jnp.einsum("kto,kio->kti", ct, w, preferred_element_type=acc).astype(x.dtype)
-  dw = jnp.einsum("kti,kto->kio", _round(x, operand_dtype), ct, preferred_element_type=acc)
-  # Sum the tiles' kernel gradients per expert: a tiny one-hot matmul (K x E), exact.
+  dx = jnp.einsum("skto,skio->skti", ct, w, preferred_element_type=acc).astype(x.dtype)
+  dw = jnp.einsum("skti,skto->skio", _round(x, operand_dtype), ct,
+                  preferred_element_type=acc)
+  # Sum the tiles' kernel gradients per expert: a tiny one-hot matmul (S*K x E), exact.
   onehot = jax.nn.one_hot(tile_expert, kernel.shape[0], dtype=dw.dtype)
-  dkernel = jnp.einsum("ke,kio->eio", onehot, dw, precision=jax.lax.Precision.HIGHEST)
+  dkernel = jnp.einsum("ske,skio->eio", onehot, dw, precision=jax.lax.Precision.HIGHEST)
   return dx, dkernel.astype(kernel.dtype), None
 
 
@@ -268,10 +310,13 @@ _tiled_matmul.defvjp(_tiled_matmul_fwd, _tiled_matmul_bwd)
 
 
 def expert_scale(x: Array, scale: Array, groups: Groups) -> Array:
-  """x [R, ..., f] times its rows' experts' scale [E, f]."""
-  rows = jnp.take(scale, groups.tile_expert, axis=0)                 # [K, f]
-  rows = rows.reshape((rows.shape[0], 1) + (1,) * (x.ndim - 2) + rows.shape[1:])
-  return groups.untile(groups.tiles(x) * rows)
+  """x [S, R, ..., f] times its rows' experts' scale [E, f]."""
+  # Whole on every device before the lookup: the rows are split by shard, and a scale
+  # split over f (fsdp) could only be gathered by replicating the looked-up rows.
+  scale = nn.with_logical_constraint(scale, (None, None))
+  rows = jnp.take(scale, groups.tile_expert, axis=0)                 # [S, K, f]
+  rows = rows.reshape(rows.shape[:2] + (1,) * (x.ndim - 2) + rows.shape[2:])
+  return (groups.tiles(x) * rows).reshape(x.shape)
 
 
 def expert_init(init: Callable, cfg: ModelConfig) -> Callable:

@@ -5,6 +5,12 @@
   pipe.generate("a handwritten digit 7", num_samples=4)       # -> float32 [4, 8, 8] in [0, 1]
   pipe.think_then_draw("draw the digit after 3:")            # -> ("4", [1, 8, 8] image)
 
+On a mesh (as train.py shards, by the config's logical rules; the parameters are read
+straight into their shards, never whole on one device, and the jitted decode and denoise
+run there with each batch's rows split over the data axes):
+
+  pipe = mot.Pipeline.from_workdir("runs/digits", mesh_shape="(2,2,2)")
+
 A moving-digits checkpoint (config.data.dataset="moving_digits") works on clips:
 
   video = mot.Pipeline.from_workdir("runs/moving")
@@ -32,6 +38,7 @@ jitted in `mot.sampling`.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Sequence
@@ -43,13 +50,13 @@ import numpy as np
 
 from mot import checkpoint as ckpt_lib
 from mot import config as config_lib
-from mot import config_upgrade, latent, media, patches, sampling
-from mot import vae as vae_lib
+from mot import latent, media, patches, sampling, sharding
+from mot import pipeline_setup as setup
 from mot import sample_options as opts
 from mot import tokenizer as tokenizer_lib
 from mot.data import (clip_files, input_pipeline, moving_digits, preprocess, shapes,
                       shapes_grammar, shapes_tasks, tasks)
-from mot.errors import CheckpointError, ConfigError, InputError
+from mot.errors import InputError
 from mot.model import MoT
 from mot.prompts import PromptBuilder
 
@@ -68,7 +75,8 @@ class Pipeline:
   (e.g. during training), `Pipeline(config, params)`.
   """
 
-  def __init__(self, config: Any, params: Any, step: int | None = None):
+  def __init__(self, config: Any, params: Any, step: int | None = None,
+               mesh: jax.sharding.Mesh | None = None):
     if not isinstance(config, ml_collections.ConfigDict):
       config = ml_collections.ConfigDict(config)
     self.config = config
@@ -80,6 +88,8 @@ class Pipeline:
       logging.disable(logging.NOTSET)
     self.model = MoT(self.model_cfg)
     self.params = params
+    self.mesh = mesh               # None: one device; else params are sharded over it
+    self.rules = sharding.logical_rules(config) if mesh is not None else ()
     self.step = step
     self.tokenizer = tokenizer_lib.Tokenizer()
     data, sample = config.data, config.sample
@@ -97,9 +107,9 @@ class Pipeline:
     # pad / stretch, invert), the function its training files went through.
     self.image_options = (preprocess.image_options(data)
                           if self.dataset not in input_pipeline.DIGIT_DATASETS else None)
-    self.question = run_question(config)
+    self.question = setup.run_question(config)
     self.default_max_new_tokens = int(sample.max_new_tokens)
-    self.vae = load_vae(config)     # latent runs: images <-> the VAE's scaled latents
+    self.vae = setup.load_vae(config)     # latent runs: images <-> the VAE's scaled latents
     self.prompts = PromptBuilder(
         patch_dim=self.model_cfg.patch_dim, patch_size=self.patch_size,
         image_size=latent.image_grid(config), channels=latent.model_channels(config),
@@ -125,22 +135,41 @@ class Pipeline:
       self.default_draw_tokens = max(THINK_TOKENS, longest["draw_answer"] + 1)
 
   @classmethod
-  def from_workdir(cls, workdir: str, use_ema: bool = True, step: int | None = None
-                   ) -> "Pipeline":
+  def from_workdir(cls, workdir: str, use_ema: bool = True, step: int | None = None,
+                   mesh_shape: str | None = None) -> "Pipeline":
     """Loads the newest (or `step`'s) checkpoint of a training workdir once.
 
     The config comes from the JSON saved beside the checkpoint (brought up to date by
     `mot.config_upgrade.upgrade_config`) and is validated again; only the parameters (EMA
-    when present and `use_ema`) are read. Raises `CheckpointError` (one line) for a
-    missing workdir, no checkpoint, or no readable checkpoint.
+    when present and `use_ema`) are read. With `mesh_shape` (e.g. "(2,2,2)" over the
+    config's mesh axes; one -1 takes the remaining devices) they are read sharded by the
+    config's logical rules, as training shards them, and sampling runs on that mesh.
+    Raises `CheckpointError` (one line) for a missing workdir, no checkpoint, or no
+    readable checkpoint, and `ConfigError` for a mesh the devices cannot form.
     """
-    params, saved, restored_step = ckpt_lib.restore_params(workdir, step, use_ema)
-    try:
-      return cls(config_upgrade.upgrade_config(saved), params, restored_step)
-    except ConfigError as e:
-      raise CheckpointError(
-          f"the config saved with checkpoint {restored_step} in {workdir} is not valid: {e}"
-      ) from None
+    meshes = []
+
+    def sharded_params(saved: dict):
+      config = setup.checked_config(saved, workdir)
+      meshes.append(setup.mesh_of(config, mesh_shape))
+      return setup.sharded_param_shapes(config, meshes[-1])
+
+    params, saved, restored_step = ckpt_lib.restore_params(
+        workdir, step, use_ema, shardings=None if mesh_shape is None else sharded_params)
+    config = setup.checked_config(saved, workdir, restored_step)
+    return cls(config, params, restored_step, meshes[-1] if meshes else None)
+
+  # -------------------------------------------------------------------------- mesh ------
+  def on_mesh(self):
+    """Where the jitted sampling calls trace and run: the mesh and its logical rules (so
+    the model's activation constraints apply), or nothing special on one device."""
+    if self.mesh is None:
+      return contextlib.nullcontext()
+    return sharding.on_mesh(self.mesh, self.rules)
+
+  def place(self, tree):
+    """A host batch for a jitted call: on a mesh, its rows split over the data axes."""
+    return tree if self.mesh is None else sharding.put_rows(self.mesh, tree)
 
   # -------------------------------------------------------------------------- checks ----
   def check_length(self, n: int, extra: int, what: str) -> None:
@@ -309,8 +338,10 @@ class Pipeline:
       rows = (stop_i - start) * views
       padded = sampling.pad_left(examples[start * views:stop_i * views], length,
                                  batch * views, row_ids=range(start * views, stop_i * views))
-      tokens, _ = sampling.decode(self.model, self.params, padded, max_new_tokens, rng,
-                                  temperature, top_k, top_p, views=views)
+      with self.on_mesh():
+        tokens, _ = sampling.decode(self.model, self.params, self.place(padded),
+                                    max_new_tokens, rng, temperature, top_k, top_p,
+                                    views=views)
       for row in tokens[:rows:views]:
         ends = np.flatnonzero(stop[row])
         out.append([int(t) for t in row[:ends[0] if ends.size else len(row)]])
@@ -423,8 +454,9 @@ class Pipeline:
       block = sampling.block_arrays(blocks[start:stop], batch)
       ids = np.arange(start, start + batch)  # padding rows draw their own (unused) noise
       noise = sampling.initial_noise(seed, ids, (m, p), stream)
-      x0 = sampling.denoise(self.model, self.params, prefix, block, noise, steps,
-                            cfg_scale, sampler, self.time_shift)
+      with self.on_mesh():
+        x0 = sampling.denoise(self.model, self.params, self.place(prefix), self.place(block),
+                              self.place(noise), steps, cfg_scale, sampler, self.time_shift)
       out.append(x0[:stop - start])
     return np.concatenate(out)
 
@@ -505,28 +537,6 @@ class Pipeline:
       raise InputError(f"{len(prompts)} prompts for {len(unit)} images: give one image, or "
                        "one per prompt")
     return [unit[i if len(unit) > 1 else 0] for i in range(len(prompts))]
-
-
-def load_vae(config: Any) -> vae_lib.VAE | None:
-  """The VAE of a latent run (config.latent.vae), or None for pixels."""
-  path = latent.vae_dir(config)
-  if not path:
-    return None
-  try:
-    return vae_lib.load_diffusers(path)
-  except vae_lib.VAEError as e:
-    raise ConfigError(f"config.latent.vae: {e}") from None
-
-
-def run_question(config: Any) -> str:
-  """The question the run's reading task asked: the digits', the moving digits', Shapes'
-  "Describe this image.", or config.data.question (user data)."""
-  dataset = config.data.dataset
-  if dataset in input_pipeline.DIGIT_DATASETS:
-    return VIDEO_QUESTION if dataset == "moving_digits" else DEFAULT_QUESTION
-  if dataset == shapes_tasks.DATASET:
-    return SHAPES_QUESTION
-  return str(config.data.question)
 
 
 def shift(image: np.ndarray, dy: int, dx: int) -> np.ndarray:

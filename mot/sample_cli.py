@@ -48,6 +48,7 @@ class Request:
   num_frames: int | None = None
   reason_shifts: int | None = None
   max_new_tokens: int | None = None
+  mesh_shape: str | None = None      # sample on this mesh (Pipeline.from_workdir)
 
 
 def check_out_dir(out: str | None, mode: str) -> None:
@@ -119,7 +120,7 @@ def run_sample(request: Request, stdout=None) -> None:
   paths = media.image_paths(request.images)
   for path in paths:  # every file is read (and checked) before the checkpoint is
     check_input_file(path)
-  pipe = Pipeline.from_workdir(request.workdir)
+  pipe = Pipeline.from_workdir(request.workdir, mesh_shape=request.mesh_shape)
   if not pipe.is_video and (actions is not None or request.num_frames is not None):
     pipe.require_video("--actions" if actions is not None else "--num_frames")
   settings = {"workdir": os.path.abspath(request.workdir), "checkpoint_step": pipe.step,

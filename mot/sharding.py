@@ -17,6 +17,7 @@ between hosts.
 from __future__ import annotations
 
 import ast
+import contextlib
 import math
 from typing import Any
 
@@ -138,6 +139,19 @@ def logical_shardings(boxed_tree, mesh, rules, warn: bool = True):
   return out
 
 
+def batch_shards(batch: int) -> int:
+  """Into how many blocks of rows the logical rules split a batch of `batch` rows under
+  the mesh of the current trace (`jax.set_mesh`): the product of the mesh axes that
+  "activation_batch" maps to (the prefix that divides `batch`, as `mesh_spec`); 1 without
+  a mesh or rules. Layer code asks this instead of naming mesh axes (`mot.experts`)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  rules = nn.get_logical_axis_rules()
+  if mesh.empty or not rules:
+    return 1
+  spec, _ = mesh_spec(("activation_batch",), (batch,), mesh, rules)
+  return math.prod(mesh.shape[a] for a in _as_tuple(spec[0]))
+
+
 def replicated(mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
@@ -194,6 +208,24 @@ def global_batch(mesh, batch: dict[str, np.ndarray], batch_size: int | None = No
     shape = None if batch_size is None else (batch_size, *v.shape[1:])
     return jax.make_array_from_process_local_data(batch_sharding(mesh, v.ndim), v, shape)
   return {k: put(v) for k, v in batch.items()}
+
+
+def put_rows(mesh, tree):
+  """Host arrays [B, ...] (one process) onto `mesh`: rows split over the batch axes
+  where B divides, else replicated; scalars replicated. Sampling's batches."""
+  def put(x):
+    x = np.asarray(x)
+    split = x.ndim and x.shape[0] % batch_divisor(mesh) == 0
+    return jax.device_put(x, batch_sharding(mesh, x.ndim) if split else replicated(mesh))
+  return jax.tree.map(put, tree)
+
+
+@contextlib.contextmanager
+def on_mesh(mesh, rules):
+  """The context a jitted function is traced in to run on `mesh`: the mesh itself (for
+  linen's activation constraints: `jax.set_mesh`, not `with mesh:`) and the rules."""
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    yield
 
 
 def replicate(mesh, tree):

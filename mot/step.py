@@ -182,6 +182,17 @@ def ema_decay(step: Array, decay: float) -> Array:
   return jnp.minimum(decay, (1.0 + step) / (10.0 + step))
 
 
+def apply_update(state: TrainState, grads, tx, config) -> TrainState:
+  """AdamW and the EMA: the state after one update from `grads` (step not advanced)."""
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  decay = ema_decay(state.step, config.ema_decay)
+  # Kept in the parameters' dtype (the float32 decay would promote bf16 parameters).
+  ema = jax.tree.map(lambda e, p: (decay * e + (1.0 - decay) * p).astype(e.dtype),
+                     state.ema_params, params)
+  return state.replace(params=params, opt_state=opt_state, ema_params=ema)
+
+
 def train_step(state: TrainState, batch: dict, rng: Array, *, model: MoT, tx, config
                ) -> tuple[TrainState, dict]:
   """One update. rng is the run's base key; the step's key is fold_in(rng, step)."""
@@ -190,13 +201,11 @@ def train_step(state: TrainState, batch: dict, rng: Array, *, model: MoT, tx, co
   (_, metrics), grads = grad_fn(state.params, batch, step_rng, model, config)
   grad_norm = optax.tree.norm(grads)
   finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-  decay = ema_decay(state.step, config.ema_decay)
-  ema = jax.tree.map(lambda e, p: decay * e + (1.0 - decay) * p, state.ema_params, params)
-  new_state = state.replace(params=params, opt_state=opt_state, ema_params=ema)
-  # A non-finite loss or gradient leaves the state as it was (but counts the step).
-  new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, state)
+  # A non-finite loss or gradient leaves the state as it was (but counts the step). A
+  # cond, not a select of every leaf between the new and the old state: the select keeps
+  # both alive, 1.3x the parameters' bytes more of XLA's temporaries (bench.memory_plan).
+  new_state = jax.lax.cond(finite, lambda s, g: apply_update(s, g, tx, config),
+                           lambda s, g: s, state, grads)
   nonfinite_run = jnp.where(finite, 0, state.nonfinite_run + 1)
   new_state = new_state.replace(step=state.step + 1, nonfinite_run=nonfinite_run)
   metrics = dict(metrics, grad_norm=grad_norm, nonfinite_run=nonfinite_run,

@@ -2,6 +2,7 @@
 
   XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/_sharding_worker.py \
       '(8,1,1)' '(2,4,1)' '(2,2,2)' '(1,1,8)'
+  ... python tests/_sharding_worker.py --experts mode '(2,2,2)'    # MoT experts
 
 Runs the single-device reference and then every mesh in one process (meshes over the
 same 8 devices), and prints one JSON object: per mesh, the largest differences from the
@@ -12,6 +13,7 @@ import functools
 import json
 import math
 import os
+import re
 import sys
 import time
 
@@ -37,7 +39,7 @@ from mot.model import MoT  # noqa: E402
 NUM_STEPS = 3
 
 
-def equality_config(mesh_shape: str, matmul_dtype: str = "same"):
+def equality_config(mesh_shape: str, matmul_dtype: str = "same", experts: str = "shared"):
   """The tiny config with every tensor-sharded dim divisible by 8 (heads, KV heads, MLP,
   vocab 272) and embed (64) divisible by 8 for fsdp. Float32 matmul operands by default:
   the meshes must equal one device to float32 rounding, and with bf16 operands a
@@ -50,6 +52,7 @@ def equality_config(mesh_shape: str, matmul_dtype: str = "same"):
   c.model.num_kv_heads = 8
   c.data.seq_len = 96
   c.data.examples_per_row = 2
+  c.model.experts = experts
   return c
 
 
@@ -92,22 +95,23 @@ def sharding_mismatches(boxed, state, mesh, rules):
 
 
 @functools.cache
-def boxed_state():
+def boxed_state(experts: str = "shared"):
   """The train state's shapes with their logical names (the same for every mesh)."""
-  c = equality_config("(1,1,1)")
+  c = equality_config("(1,1,1)", experts=experts)
   model, tx = MoT(config_lib.validate(c)), step_lib.make_optimizer(c)
   init = step_lib.init_state_fn(model, tx, c.data.seq_len)
   with nn.logical_axis_rules(sharding.logical_rules(c)):
     return jax.eval_shape(init, jax.random.PRNGKey(0))
 
 
-def run(mesh_shape: str, devices, batches, matmul_dtype: str = "same"):
-  c = equality_config(mesh_shape, matmul_dtype)
+def run(mesh_shape: str, devices, batches, matmul_dtype: str = "same",
+        experts: str = "shared", evaluate: bool = True):
+  c = equality_config(mesh_shape, matmul_dtype, experts)
   t = step_lib.build_training(c, devices)     # as train.py builds it
   mesh, rules, state, step_rng, step = t.mesh, t.rules, t.state, t.step_rng, t.p_train_step
   eval_step, eval_rng = t.p_eval_step, t.eval_rng
   del t
-  boxed = boxed_state()
+  boxed = boxed_state(experts)
   born_bad, named = sharding_mismatches(boxed, state, mesh, rules)
   losses, donated = [], True
   with jax.set_mesh(mesh):
@@ -116,14 +120,18 @@ def run(mesh_shape: str, devices, batches, matmul_dtype: str = "same"):
     # Linen's activation constraints reach the program only under jax.set_mesh.
     constraints = lowered.as_text().count("sharding_constraint")
     step = lowered.compile()
+    collectives = collective_counts(step.as_text())
     for batch in batches:
       old = jax.tree.leaves(state.params)[0]
       state, metrics = step(state, batch, step_rng)
       donated &= old.is_deleted()
       losses.append(float(metrics["loss"]))
-    eval_lowered = eval_step.lower(state.ema_params, batches[0], eval_rng)
-    eval_constraints = eval_lowered.as_text().count("sharding_constraint")
-    eval_loss = float(eval_lowered.compile()(state.ema_params, batches[0], eval_rng)["loss"])
+    eval_loss = eval_constraints = None
+    if evaluate:
+      eval_lowered = eval_step.lower(state.ema_params, batches[0], eval_rng)
+      eval_constraints = eval_lowered.as_text().count("sharding_constraint")
+      eval_loss = float(eval_lowered.compile()(state.ema_params, batches[0],
+                                               eval_rng)["loss"])
   after_bad, _ = sharding_mismatches(boxed, state, mesh, rules)
   adam = state.opt_state[1][0]
   return {"losses": losses, "params": jax.device_get(state.params),
@@ -131,7 +139,24 @@ def run(mesh_shape: str, devices, batches, matmul_dtype: str = "same"):
           "sharding_errors": born_bad + [f"after steps: {e}" for e in after_bad],
           "named_leaves": named, "donated": bool(donated),
           "activation_constraints": constraints, "eval_loss": eval_loss,
+          "collectives": collectives, "expert_specs": expert_specs(state.params),
           "eval_activation_constraints": eval_constraints}
+
+
+def collective_counts(hlo: str) -> dict[str, int]:
+  """How many of each cross-device operation the compiled step runs."""
+  ops = ("all-to-all", "all-gather", "all-reduce", "reduce-scatter", "collective-permute")
+  return {op: len(re.findall(rf"= \S+ {op}(-start)?\(", hlo)) for op in ops}
+
+
+def expert_specs(params) -> dict[str, str]:
+  """PartitionSpec of every block weight with an expert axis (after the layers axis)."""
+  out = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    name = jax.tree_util.keystr(path)
+    if "backbone" in name:
+      out[name] = str(leaf.sharding.spec)
+  return out
 
 
 def max_rel_diff(a, b):
@@ -176,5 +201,27 @@ def main(mesh_shapes):
   print("RESULT " + json.dumps(report))
 
 
+def main_experts(mode: str, mesh_shapes, num_steps: int = 2):
+  """One expert mode: the single-device reference and each mesh (float32 operands, no
+  held-out step: the train step is what grouping changes)."""
+  devices = jax.devices()
+  c = equality_config("(1,1,1)")
+  it = iter(input_pipeline.make_train_dataset(c.data, c.seed, c.batch_size))
+  batches = [next(it) for _ in range(num_steps)]
+  ref = run("(1,1,1)", devices[:1], batches, experts=mode, evaluate=False)
+  report = {"reference_losses": ref["losses"], "meshes": {}}
+  for shape in mesh_shapes:
+    out = run(shape, devices, batches, experts=mode, evaluate=False)
+    report["meshes"][shape] = {
+        "losses": out["losses"], "params_max_rel_diff": max_rel_diff(out["params"],
+                                                                     ref["params"]),
+        "sharding_errors": out["sharding_errors"], "named_leaves": out["named_leaves"],
+        "collectives": out["collectives"], "expert_specs": out["expert_specs"]}
+  print("RESULT " + json.dumps(report))
+
+
 if __name__ == "__main__":
-  main(sys.argv[1:] or ["(8,1,1)", "(2,4,1)", "(2,2,2)", "(1,1,8)"])
+  if sys.argv[1:2] == ["--experts"]:   # --experts MODE MESH...
+    main_experts(sys.argv[2], sys.argv[3:])
+  else:
+    main(sys.argv[1:] or ["(8,1,1)", "(2,4,1)", "(2,2,2)", "(1,1,8)"])

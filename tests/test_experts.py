@@ -114,30 +114,40 @@ def test_routing_mode_and_modality():
   assert experts.group_tokens(CFG, inputs.modality, inputs.mask_ids.noised) is None
 
 
-@pytest.mark.parametrize("impl, tile", [("tiled", 4), ("tiled", 256), ("ragged", 1)])
-def test_grouping_is_a_stable_sort_into_single_expert_tiles(impl, tile):
-  e = jnp.asarray(np.random.default_rng(0).integers(0, 3, size=(3, 7)), jnp.int32)
-  g = jax.jit(experts.group_by_expert, static_argnums=(1, 2, 3))(e, 3, impl, tile)
-  flat = np.asarray(e).reshape(-1)
-  src, valid, dest = np.asarray(g.src), np.asarray(g.valid), np.asarray(g.dest)
-  assert valid.sum() == flat.size and np.array_equal(src[dest], np.arange(flat.size))
-  row_expert = np.repeat(np.asarray(g.tile_expert), g.tile)
-  np.testing.assert_array_equal(row_expert[dest], flat)           # every row's tile = expert
-  for k in range(3):                                               # token order kept
-    rows = dest[flat == k]
-    assert np.all(np.diff(rows) > 0)
-  np.testing.assert_array_equal(g.group_sizes, np.bincount(flat, minlength=3))
-  if impl == "tiled":                                              # bounded padding
-    assert len(src) <= -(-flat.size // g.tile) * g.tile + 2 * g.tile
-  x = jnp.asarray(np.random.default_rng(1).normal(size=(3, 7, 5)), jnp.float32)
-  np.testing.assert_array_equal(jax.jit(lambda g, x: g.combine(g.dispatch(x)))(g, x), x)
+@pytest.mark.parametrize("impl, tile, shards", [("tiled", 4, 1), ("tiled", 256, 1),
+                                               ("ragged", 1, 1), ("tiled", 4, 2),
+                                               ("ragged", 1, 2)])
+def test_grouping_is_a_stable_sort_into_single_expert_tiles(impl, tile, shards):
+  """Each shard of rows (one data shard of the batch) is grouped on its own: every row of
+  its buffer holds one of its own tokens."""
+  e = jnp.asarray(np.random.default_rng(0).integers(0, 3, size=(4, 7)), jnp.int32)
+  g = jax.jit(experts.group_by_expert, static_argnums=(1, 2, 3, 4))(e, 3, impl, tile, shards)
+  assert g.src.shape[0] == shards
+  for s in range(shards):
+    flat = np.asarray(e).reshape(shards, -1)[s]
+    src, valid, dest = np.asarray(g.src[s]), np.asarray(g.valid[s]), np.asarray(g.dest[s])
+    assert valid.sum() == flat.size and np.array_equal(src[dest], np.arange(flat.size))
+    row_expert = np.repeat(np.asarray(g.tile_expert[s]), g.tile)
+    np.testing.assert_array_equal(row_expert[dest], flat)         # every row's tile = expert
+    for k in range(3):                                             # token order kept
+      rows = dest[flat == k]
+      assert np.all(np.diff(rows) > 0)
+    np.testing.assert_array_equal(g.group_sizes[s], np.bincount(flat, minlength=3))
+    if impl == "tiled":                                            # bounded padding
+      assert len(src) <= -(-flat.size // g.tile) * g.tile + 2 * g.tile
+  x = jnp.asarray(np.random.default_rng(1).normal(size=(4, 7, 5)), jnp.float32)
+  buf = jax.jit(lambda g, x: g.dispatch(x))(g, x)
+  assert buf.shape[:2] == (shards, g.src.shape[1])
+  np.testing.assert_array_equal(buf[0, np.asarray(g.dest[0])],
+                                np.asarray(x).reshape(shards, -1, 5)[0])
+  np.testing.assert_array_equal(jax.jit(lambda g, b: g.combine(b))(g, buf), x)
 
 
 @pytest.mark.parametrize("impl", ["tiled", "ragged"])
-@pytest.mark.parametrize("in_dims", [1, 2])
-def test_grouped_matmul_equals_per_token_select(impl, in_dims):
+@pytest.mark.parametrize("in_dims, shards", [(1, 1), (2, 1), (1, 2)])
+def test_grouped_matmul_equals_per_token_select(impl, in_dims, shards):
   """Grouped matmul (and its gradients) == the naive reference that gathers every
-  token's own expert's kernel."""
+  token's own expert's kernel, for the whole batch grouped at once or per shard."""
   rng = np.random.default_rng(0)
   e = jnp.asarray(rng.integers(0, 3, size=(2, 9)), jnp.int32)
   in_shape = (4,) if in_dims == 1 else (2, 3)
@@ -147,7 +157,7 @@ def test_grouped_matmul_equals_per_token_select(impl, in_dims):
   sub = "xy"[:in_dims]
 
   def grouped(x, w):
-    g = experts.group_by_expert(e, 3, impl, tile=4)
+    g = experts.group_by_expert(e, 3, impl, tile=4, shards=shards)
     return jnp.sum(g.combine(experts.grouped_matmul(g.dispatch(x), w, g, in_dims)) * ct)
 
   def reference(x, w):

@@ -147,3 +147,58 @@ def test_sharded_training_equals_one_device(tmp_path):
                              err_msg="bf16 matmuls on mesh (2,2,2): losses")
   assert b["params_max_rel_diff"] < 3e-2, b["params_max_rel_diff"]
   assert not b["sharding_errors"], "\n".join(b["sharding_errors"][:20])
+
+
+def _worker_report(log: str, args: list[str], what: str) -> dict:
+  _procs.run_all([([_procs.python(), "tests/_sharding_worker.py", *args], _procs.cpu_env(8),
+                   log)], timeout=240, what=what)
+  with open(log) as f:
+    line = next((l for l in f if l.startswith("RESULT ")), None)
+  assert line, f"the worker printed no RESULT line:\n{_procs.tail(log)}"
+  return json.loads(line[len("RESULT "):])
+
+
+@pytest.mark.parametrize("experts", ["mode", "modality"])
+def test_experts_on_a_mesh_equal_one_device(tmp_path, experts):
+  """MoT experts train on a (2,2,2) mesh with the single-device losses; the expert
+  weights shard by the rules (the expert axis unsplit, the rest as the shared weights);
+  tokens are grouped per data shard, so no activation is replicated or sent all-to-all."""
+  log = str(tmp_path / "worker.log")
+  report = _worker_report(log, ["--experts", experts, "(2,2,2)"], f"experts={experts} worker")
+  forced = [l for l in _procs.tail(log, 10**7).splitlines()
+            if "Involuntary full rematerialization" in l]
+  assert not forced, "XLA replicated an array to reshard it:\n" + "\n".join(forced[:3])
+  ref = report["reference_losses"]
+  r = report["meshes"]["(2,2,2)"]
+  assert len(ref) == 2 and all(np.isfinite(ref)), ref
+  np.testing.assert_allclose(r["losses"], ref, rtol=1e-5, err_msg="mesh (2,2,2) losses")
+  assert r["params_max_rel_diff"] < 2e-4, r["params_max_rel_diff"]
+  assert not r["sharding_errors"], "\n".join(r["sharding_errors"][:20])
+  assert r["named_leaves"] == 84, r["named_leaves"]
+  specs = r["expert_specs"]   # [layers, expert, ...]: split like the shared weights
+  wi = "['backbone']['layers']['block']['mlp']['wi']['kernel']"
+  assert specs[wi] == "P(None, None, 'fsdp', None, 'tensor')", specs[wi]
+  assert all(spec.startswith("P(None, None") for spec in specs.values()), specs
+  assert r["collectives"]["all-to-all"] == 0, r["collectives"]
+
+
+def test_checkpoint_restores_on_another_mesh_and_on_one_device(tmp_path):
+  """2 steps on (2,2,2), checkpointed as train.py does; restored onto (1,2,4) and onto
+  one device, the parameters are the saved ones, sharded by the new mesh's rules, and
+  the next step's loss is the one the original mesh computes."""
+  log = str(tmp_path / "worker.log")
+  _procs.run_all([([_procs.python(), "tests/_restore_worker.py", str(tmp_path / "run"),
+                    "(2,2,2)", "(1,2,4)", "(1,1,1)"], _procs.cpu_env(8), log)],
+                 timeout=300, what="cross-mesh restore worker")
+  with open(log) as f:
+    line = next((l for l in f if l.startswith("RESULT ")), None)
+  assert line, f"the worker printed no RESULT line:\n{_procs.tail(log)}"
+  report = json.loads(line[len("RESULT "):])
+  reference = report["losses"][2]
+  assert np.isfinite(reference)
+  for mesh, devices in (("(1,2,4)", 8), ("(1,1,1)", 1)):
+    r = report["meshes"][mesh]
+    assert r["restored_step"] == 2, r
+    assert r["params_max_abs_diff"] == 0.0, r
+    assert r["sharded_as_rules"] and r["devices"] == devices, r
+    np.testing.assert_allclose(r["next_loss"], reference, rtol=1e-5, err_msg=mesh)

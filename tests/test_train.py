@@ -151,3 +151,49 @@ def test_a_failed_last_evaluation_keeps_its_checkpoint_and_a_rerun_evaluates(
     assert [r["step"] for r in json.load(f)["evaluations"]] == [3]
   assert not train_lib.final_evaluation_missing(tiny_config, str(tmp_path), 3)
   assert ckpt_lib.available_steps(str(tmp_path)) == [3]
+
+
+def test_a_nonfinite_step_leaves_the_state_bitwise_unchanged(tiny_config):
+  """The update is skipped (lax.cond in step.train_step): parameters, AdamW moments and
+  EMA stay bit for bit, the step counts; the next finite batch updates as usual."""
+  import jax
+  from mot import sharding
+  from mot.data import input_pipeline
+  t = step_lib.build_training(tiny_config, jax.devices()[:1])
+  batch = next(iter(input_pipeline.make_train_dataset(tiny_config.data, tiny_config.seed,
+                                                      tiny_config.batch_size)))
+  poisoned = dict(batch, patches=np.full_like(batch["patches"], np.nan))
+  put = lambda b: sharding.global_batch(t.mesh, b, tiny_config.batch_size)
+  with jax.set_mesh(t.mesh):
+    state, _ = t.p_train_step(t.state, put(batch), t.step_rng)   # lr > 0 from step 1 on
+    before = jax.device_get(state)
+    state, metrics = t.p_train_step(state, put(poisoned), t.step_rng)
+    after = jax.device_get(state)
+    state, _ = t.p_train_step(state, put(batch), t.step_rng)
+  assert not np.isfinite(float(metrics["loss"])) and int(metrics["nonfinite_run"]) == 1
+  assert int(after.step) == int(before.step) + 1
+  for old, new in zip(jax.tree.leaves((before.params, before.opt_state, before.ema_params)),
+                      jax.tree.leaves((after.params, after.opt_state, after.ema_params))):
+    np.testing.assert_array_equal(old, new)
+  moved = jax.tree.leaves(jax.device_get(state.params))
+  assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(after.params), moved))
+
+
+def test_a_step_keeps_bf16_parameters_and_their_ema_in_bf16(tiny_config):
+  """model.param_dtype=bfloat16: the EMA's float32 decay must not promote the state
+  (the step's lax.cond needs the same dtypes either way, and a promoted state would
+  recompile the next step)."""
+  import jax
+  from mot import sharding
+  from mot.data import input_pipeline
+  tiny_config.model.param_dtype = "bfloat16"
+  t = step_lib.build_training(tiny_config, jax.devices()[:1])
+  batch = next(iter(input_pipeline.make_train_dataset(tiny_config.data, tiny_config.seed,
+                                                      tiny_config.batch_size)))
+  dtypes = jax.tree.map(lambda x: x.dtype, t.state)
+  with jax.set_mesh(t.mesh):
+    state, metrics = t.p_train_step(
+        t.state, sharding.global_batch(t.mesh, batch, tiny_config.batch_size), t.step_rng)
+  assert np.isfinite(float(metrics["loss"]))
+  assert jax.tree.map(lambda x: x.dtype, state) == dtypes
+  assert {str(x.dtype) for x in jax.tree.leaves(state.ema_params)} == {"bfloat16"}
