@@ -50,6 +50,9 @@ class ModelConfig:
   matmul_dtype: str                      # Linear matmul operands: "same" or a dtype
   param_dtype: str
   norm_eps: float
+  qkv_bias: bool                         # biases on the q/k/v projections (Qwen2 / Qwen2.5)
+  qk_norm: bool                          # RMSNorm of every query and key head (Qwen3; not Qwen2)
+  tie_embeddings: bool                   # the AR head unembeds with the token embedding table
   dropout_rate: float                    # residual dropout in training
   attention_impl: str                    # "auto" | "xla" | "cudnn" | "blockwise" | "splash"
   attention_block_q: int                 # blockwise/splash: queries per tile
@@ -127,6 +130,14 @@ def validate_model(m: ModelConfig) -> None:
   _check(isinstance(m.dropout_rate, (int, float)) and 0.0 <= m.dropout_rate < 1.0,
          f"config.model.dropout_rate={m.dropout_rate!r} must be in [0, 1): e.g. 0.1")
   _check(m.rope_theta > 0, f"config.model.rope_theta={m.rope_theta} must be positive")
+  _check(isinstance(m.vocab_size, int) and not isinstance(m.vocab_size, bool)
+         and m.vocab_size > 0,
+         f"config.model.vocab_size={m.vocab_size!r} must be a positive integer")
+  _check(isinstance(m.norm_eps, (int, float)) and m.norm_eps > 0,
+         f"config.model.norm_eps={m.norm_eps!r} must be a positive number: e.g. 1e-6")
+  for name in ("qkv_bias", "qk_norm", "tie_embeddings"):
+    _check(isinstance(getattr(m, name), bool),
+           f"config.model.{name}={getattr(m, name)!r} must be True or False")
   for name in ("dtype", "param_dtype"):
     try:
       jnp.dtype(getattr(m, name))

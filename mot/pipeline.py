@@ -66,7 +66,7 @@ class Pipeline:
     self.model = MoT(self.model_cfg)
     self.params = params
     self.step = step
-    self.tokenizer = tokenizer_lib.Tokenizer()
+    self.tokenizer = tokenizer_lib.ByteTokenizer()
     data, sample = config.data, config.sample
     self.is_video = data.dataset == "moving_digits"
     self.patch_size = int(data.patch_size)

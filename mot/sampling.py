@@ -127,9 +127,11 @@ def split_block(example: dict[str, np.ndarray]) -> tuple[dict, dict]:
   return prefix, block
 
 
-def stop_mask(stop_tokens: Sequence[int] | None = None) -> np.ndarray:
-  """bool [V]: the ids that end decoding (default: EOS and every other special id)."""
-  mask = np.zeros(tokenizer.VOCAB_SIZE, bool)
+def stop_mask(stop_tokens: Sequence[int] | None = None,
+              vocab_size: int = tokenizer.VOCAB_SIZE) -> np.ndarray:
+  """bool [vocab_size]: the ids that end decoding (default: the byte tokenizer's EOS and
+  every other special id)."""
+  mask = np.zeros(vocab_size, bool)
   if stop_tokens is None:
     mask[:tokenizer.BYTE_OFFSET] = True  # EOS; a marker or BOS also ends a text answer.
   else:
@@ -304,7 +306,8 @@ def decode(model: MoT, params, batch: dict[str, np.ndarray], max_new_tokens: int
   fn = _decode_fn(model, round_up(int(max_new_tokens), 16), int(views))
   arrays = {k: jnp.asarray(v) for k, v in batch.items()}
   tokens, logits = fn(params, arrays, rng, jnp.float32(temperature), jnp.int32(top_k),
-                      jnp.float32(top_p), jnp.asarray(stop_mask(stop_tokens)),
+                      jnp.float32(top_p),
+                      jnp.asarray(stop_mask(stop_tokens, model.cfg.vocab_size)),
                       jnp.int32(max_new_tokens))
   n = int(max_new_tokens)
   return np.asarray(tokens)[:, :n], np.asarray(logits)[:, :n]

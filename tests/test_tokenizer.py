@@ -8,7 +8,7 @@ from mot import tokenizer as tok
 
 @pytest.fixture(name="t")
 def _tokenizer():
-  return tok.Tokenizer()
+  return tok.ByteTokenizer()
 
 
 @pytest.mark.parametrize("text", ["", "a handwritten digit 7", "héllo wörld ✓ 数字 🙂"])

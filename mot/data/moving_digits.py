@@ -71,7 +71,7 @@ VIDEO_LAYOUTS = ("clip", "frames")
 # position, or "grid": on the patch grid (multiples of patch_size on each axis), so frame
 # 0 is a digit cut into whole patches, as in the image task; the other tasks start anywhere.
 GENERATION_STARTS = ("any", "grid")
-_TOKENIZER = tokenizer_lib.Tokenizer()
+_TOKENIZER = tokenizer_lib.ByteTokenizer()
 
 
 def caption(label: int, direction: str) -> str:

@@ -19,7 +19,7 @@ from mot.data.builder import SequenceBuilder
 
 QUESTION = "What digit is this?"
 TEXT_RELATIONS = ("after", "before")  # Variants of the text-only task.
-_TOKENIZER = tokenizer_lib.Tokenizer()
+_TOKENIZER = tokenizer_lib.ByteTokenizer()
 
 
 def caption(label: int) -> str:

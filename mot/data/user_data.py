@@ -58,7 +58,7 @@ TASK_NAMES = ("generation", "reasoning", "text")
 DEFAULT_IMAGE_SIZE = 8              # The digits' resolution.
 _SCAN_CHUNK = 1024                  # Records read at once when checking ArrayRecord files.
 _LINE_EXAMPLE = '{"image": "a.png", "caption": "a red square"}'
-_TOKENIZER = tokenizer_lib.Tokenizer()
+_TOKENIZER = tokenizer_lib.ByteTokenizer()
 
 
 # ----------------------------------------------------------------------------------------
