@@ -91,7 +91,7 @@ def _vocabulary(hf_dir: str, vocab: int) -> int:
   return size
 
 
-def check_tensors(reader: hf_io.SafetensorsReader, imp_arch: hf_arch.Arch,
+def check_tensors(hf_dir: str, reader: hf_io.SafetensorsReader, imp_arch: hf_arch.Arch,
                   entries: list[hf_arch.Entry], shapes: Any, model, vocab: int) -> None:
   """Every tensor the config implies is present with its shape, and no other tensor is
   (besides a skipped vision tower and recomputed buffers)."""
@@ -104,8 +104,8 @@ def check_tensors(reader: hf_io.SafetensorsReader, imp_arch: hf_arch.Arch,
   if missing:
     more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
     raise ckpt_lib.CheckpointError(
-        f"tensor {missing[0]}{more} is missing from the safetensors files of "
-        f"{imp_arch.name}: the weights do not match config.json")
+        f"tensor {missing[0]}{more} is missing from the safetensors files in {hf_dir}: "
+        f"the weights do not match its config.json ({imp_arch.name})")
   extra = sorted(names - expected - skipped - ignored)
   if extra:
     raise ckpt_lib.CheckpointError(
@@ -146,7 +146,7 @@ def plan_import(hf_dir: str, workdir: str, experts: str) -> Import:
   entries = hf_arch.tensor_table(arch.prefix, model)
   shapes = jax.tree.map(lambda s: np.broadcast_to(np.float32(0), s.shape),
                         abstract_params(MoT(model)))
-  check_tensors(reader, arch, entries, shapes, model, vocab)
+  check_tensors(hf_dir, reader, arch, entries, shapes, model, vocab)
   return Import(hf_dir, arch, config, model, vocab, reader, entries)
 
 
@@ -268,11 +268,8 @@ def write_workdir(imp: Import, params: dict, workdir: str) -> None:
   staging = _staging(workdir)
   try:
     copy_files(imp.hf_dir, os.path.join(staging, PRETRAINED))
-    manager = ckpt_lib.make_manager(staging, keep=imp.config.keep_checkpoints)
-    ckpt_lib.save(manager, 0, initial_state(imp.config, params), None, imp.config.to_dict(),
-                  {"history": []})
-    manager.wait_until_finished()
-    manager.close()
+    ckpt_lib.save_host_state(staging, 0, initial_state(imp.config, params),
+                             imp.config.to_dict(), {"history": []})
     _publish(staging, workdir)
   finally:
     shutil.rmtree(staging, ignore_errors=True)
