@@ -130,14 +130,7 @@ def validate_model(m: ModelConfig) -> None:
   _check(isinstance(m.dropout_rate, (int, float)) and 0.0 <= m.dropout_rate < 1.0,
          f"config.model.dropout_rate={m.dropout_rate!r} must be in [0, 1): e.g. 0.1")
   _check(m.rope_theta > 0, f"config.model.rope_theta={m.rope_theta} must be positive")
-  _check(isinstance(m.vocab_size, int) and not isinstance(m.vocab_size, bool)
-         and m.vocab_size > 0,
-         f"config.model.vocab_size={m.vocab_size!r} must be a positive integer")
-  _check(isinstance(m.norm_eps, (int, float)) and m.norm_eps > 0,
-         f"config.model.norm_eps={m.norm_eps!r} must be a positive number: e.g. 1e-6")
-  for name in ("qkv_bias", "qk_norm", "tie_embeddings"):
-    _check(isinstance(getattr(m, name), bool),
-           f"config.model.{name}={getattr(m, name)!r} must be True or False")
+  validate_numerics(m)
   for name in ("dtype", "param_dtype"):
     try:
       jnp.dtype(getattr(m, name))
@@ -178,6 +171,17 @@ def validate_tiled_attention(m: ModelConfig) -> None:
     value = getattr(m, name)
     _check(isinstance(value, int) and not isinstance(value, bool) and value > 0,
            f"config.model.{name}={value!r} must be a positive integer (tokens)")
+
+
+def validate_numerics(m: ModelConfig) -> None:
+  """The fields that pretrained checkpoints (mot.convert) set from their config.json."""
+  _check(_is_int(m.vocab_size) and m.vocab_size > 0,
+         f"config.model.vocab_size={m.vocab_size!r} must be a positive integer")
+  _check(isinstance(m.norm_eps, (int, float)) and m.norm_eps > 0,
+         f"config.model.norm_eps={m.norm_eps!r} must be a positive number: e.g. 1e-6")
+  for name in ("qkv_bias", "qk_norm", "tie_embeddings"):
+    _check(isinstance(getattr(m, name), bool),
+           f"config.model.{name}={getattr(m, name)!r} must be True or False")
 
 
 def _is_int(x) -> bool:

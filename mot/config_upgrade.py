@@ -15,7 +15,7 @@ import ml_collections
 
 from mot.errors import CheckpointError
 
-CONFIG_VERSION = 2
+CONFIG_VERSION = 3
 VERSION_KEY = "config_version"
 
 # Fields read before version 1 with a fallback when a config lacked them: the fallback is
@@ -77,7 +77,19 @@ def _upgrade_to_v2(config: dict) -> None:
   _fill(config.setdefault("model", {}), _V2_MODEL)
 
 
-_UPGRADES = {0: _upgrade_to_v1, 1: _upgrade_to_v2}   # version v -> makes it v + 1
+# Version 3 added pretrained checkpoints (mot.convert): the tokenizer and the model fields
+# of Qwen's numerics; every earlier run used the byte tokenizer and Qwen3's block.
+_V3_TOP = {"tokenizer": "bytes"}
+_V3_MODEL = {"qkv_bias": False, "qk_norm": True, "tie_embeddings": False}
+
+
+def _upgrade_to_v3(config: dict) -> None:
+  """Version 2 -> 3: config.tokenizer and the q/k/v-bias, QK-norm and tying fields."""
+  _fill(config, _V3_TOP)
+  _fill(config.setdefault("model", {}), _V3_MODEL)
+
+
+_UPGRADES = {0: _upgrade_to_v1, 1: _upgrade_to_v2, 2: _upgrade_to_v3}   # v -> v + 1
 
 
 def saved_form(config: ml_collections.ConfigDict) -> dict[str, Any]:

@@ -34,13 +34,16 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from absl import logging
+from absl import flags, logging
 from flax import traverse_util
 
 from configs import digits
 from mot import checkpoint as ckpt_lib
+from mot import cli
 from mot import config as config_lib
-from mot import hf_arch, hf_io, tokenizer, train_lib
+from mot import config_upgrade, hf_arch, hf_io, tokenizer
+from mot import step as step_lib
+from mot.errors import CheckpointError, ConfigError
 from mot.experts import num_experts
 from mot.model import MoT, inputs_from_batch
 
@@ -81,13 +84,13 @@ def _vocabulary(hf_dir: str, vocab: int) -> int:
   """Ids of the model with mot's special tokens appended to the checkpoint's `vocab`."""
   path = os.path.join(hf_dir, TOKENIZER)
   if not os.path.isfile(path):
-    raise config_lib.ConfigError(f"{hf_dir} has no {TOKENIZER}: mot reads and writes the "
+    raise ConfigError(f"{hf_dir} has no {TOKENIZER}: mot reads and writes the "
                                  "model's text with it; copy it from the model's release")
   try:
     size = vocab + len(tokenizer.appended_names(path))
     tokenizer.HFTokenizer(path, size)
   except Exception as e:  # the tokenizers package raises bare Exceptions on bad files
-    raise config_lib.ConfigError(f"cannot use {path}: {' '.join(str(e).split())}") from None
+    raise ConfigError(f"cannot use {path}: {' '.join(str(e).split())}") from None
   return size
 
 
@@ -103,19 +106,19 @@ def check_tensors(hf_dir: str, reader: hf_io.SafetensorsReader, imp_arch: hf_arc
   missing = sorted(expected - names)
   if missing:
     more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-    raise ckpt_lib.CheckpointError(
+    raise CheckpointError(
         f"tensor {missing[0]}{more} is missing from the safetensors files in {hf_dir}: "
         f"the weights do not match its config.json ({imp_arch.name})")
   extra = sorted(names - expected - skipped - ignored)
   if extra:
-    raise ckpt_lib.CheckpointError(
+    raise CheckpointError(
         f"tensor {extra[0]} in {reader.entries[extra[0]][0]} is not part of a {imp_arch.name} "
         f"with this config.json (e.g. tie_word_embeddings={imp_arch.tie}): the weights do "
         "not match config.json")
   for e in entries:
     want = hf_arch.expected_shape(e, hf_arch.mot_array(shapes, model, e).shape, vocab)
     if reader.shape(e.name) != want:
-      raise ckpt_lib.CheckpointError(
+      raise CheckpointError(
           f"tensor {e.name} in {reader.entries[e.name][0]} has shape "
           f"{list(reader.shape(e.name))} but config.json implies {list(want)}")
   if skipped:
@@ -125,7 +128,7 @@ def check_tensors(hf_dir: str, reader: hf_io.SafetensorsReader, imp_arch: hf_arc
 
 def abstract_params(model: MoT) -> dict:
   """ShapeDtypeStructs of the model's (unboxed) parameters."""
-  inputs = inputs_from_batch(jax.tree.map(jnp.asarray, train_lib.dummy_batch(model.cfg, 1)))
+  inputs = inputs_from_batch(jax.tree.map(jnp.asarray, step_lib.dummy_batch(model.cfg, 1)))
   return jax.eval_shape(lambda r: nn.meta.unbox(model.init(r, inputs)["params"]),
                         jax.random.PRNGKey(0))
 
@@ -134,7 +137,7 @@ def plan_import(hf_dir: str, workdir: str, experts: str) -> Import:
   """Reads and checks everything a conversion needs; raises ConfigError or
   CheckpointError (one line) for any bad input."""
   if experts not in EXPERTS:
-    raise config_lib.ConfigError(f"--experts={experts!r} is unknown: use one of {EXPERTS}")
+    raise ConfigError(f"--experts={experts!r} is unknown: use one of {EXPERTS}")
   where = os.path.join(hf_dir, hf_io.CONFIG)
   arch = hf_arch.arch_of(hf_io.read_config(hf_dir), where)
   fields = hf_arch.model_fields(arch, where)
@@ -158,15 +161,15 @@ def workdir_done(workdir: str, config: ml_collections.ConfigDict) -> bool:
   """Whether `workdir` already holds this very conversion (then there is nothing to do).
   A file, or a directory holding anything else, is refused."""
   if os.path.exists(workdir) and not os.path.isdir(workdir):
-    raise config_lib.ConfigError(f"--workdir {workdir} is a file: pass a new directory")
+    raise ConfigError(f"--workdir {workdir} is a file: pass a new directory")
   if not os.path.isdir(workdir) or not os.listdir(workdir):
     return False
   try:
-    if _same_json(ckpt_lib.saved_config(workdir, 0), config.to_dict()):
+    if _same_json(ckpt_lib.saved_config(workdir, 0), config_upgrade.saved_form(config)):
       return True
   except (OSError, ValueError):
     pass
-  raise config_lib.ConfigError(f"--workdir {workdir} already holds a different run: pass a "
+  raise ConfigError(f"--workdir {workdir} already holds a different run: pass a "
                                "new or empty directory")
 
 
@@ -176,7 +179,7 @@ def workdir_done(workdir: str, config: ml_collections.ConfigDict) -> bool:
 def fresh_params(model: MoT, rng: jax.Array, keep: set[tuple[str, ...]]) -> dict:
   """{path: array} of the parameters at `keep`, initialised as train.py does; only those
   are computed (the rest of the init is dead code to XLA)."""
-  inputs = inputs_from_batch(jax.tree.map(jnp.asarray, train_lib.dummy_batch(model.cfg, 1)))
+  inputs = inputs_from_batch(jax.tree.map(jnp.asarray, step_lib.dummy_batch(model.cfg, 1)))
 
   def init(r):
     flat = traverse_util.flatten_dict(nn.meta.unbox(model.init(r, inputs)["params"]))
@@ -233,11 +236,11 @@ def build_params(imp: Import) -> dict:
 def initial_state(config, params: dict) -> dict:
   """train.py's checkpoint item at step 0: {"state": TrainState, "rng": step key}. The
   optimizer state is zeros (broadcast views: no memory), the EMA the parameters."""
-  tx = train_lib.make_optimizer(config)
+  tx = step_lib.make_optimizer(config)
   opt = jax.eval_shape(tx.init, jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype),
                                              params))
   opt = jax.tree.map(lambda s: np.broadcast_to(np.zeros((), s.dtype), s.shape), opt)
-  state = train_lib.TrainState(step=np.zeros((), np.int32), params=params, opt_state=opt,
+  state = step_lib.TrainState(step=np.zeros((), np.int32), params=params, opt_state=opt,
                                ema_params=params, nonfinite_run=np.zeros((), np.int32))
   rng = jax.random.split(jax.random.PRNGKey(config.seed), 3)[1]      # as build_training
   return {"state": state, "rng": np.asarray(rng)}
@@ -269,7 +272,7 @@ def write_workdir(imp: Import, params: dict, workdir: str) -> None:
   try:
     copy_files(imp.hf_dir, os.path.join(staging, PRETRAINED))
     ckpt_lib.save_host_state(staging, 0, initial_state(imp.config, params),
-                             imp.config.to_dict(), {"history": []})
+                             config_upgrade.saved_form(imp.config), {"history": []})
     _publish(staging, workdir)
   finally:
     shutil.rmtree(staging, ignore_errors=True)
@@ -299,13 +302,12 @@ def export_tensors(params: dict, model: config_lib.ModelConfig, vocab: int) -> l
   return out
 
 
-def _run_tokenizer(saved: dict) -> tuple[tokenizer.Tokenizer, int, dict | None]:
+def _run_tokenizer(config) -> tuple[tokenizer.Tokenizer, int, dict | None]:
   """(tokenizer, pretrained vocabulary size, original config.json or None) of a run."""
-  config = ml_collections.ConfigDict(saved)
   try:
     tok = tokenizer.from_config(config)
   except ValueError as e:
-    raise config_lib.ConfigError(str(e)) from None
+    raise ConfigError(str(e)) from None
   if not isinstance(tok, tokenizer.HFTokenizer):
     return tok, tok.vocab_size, None
   original = os.path.join(os.path.dirname(tok.path), hf_io.CONFIG)
@@ -317,17 +319,16 @@ def to_hf(workdir: str, out: str, step: int | None = None, dtype: str = "float32
   """Writes the understanding path of `workdir`'s checkpoint (EMA parameters) as a
   Hugging Face folder `out` (which must not exist or be empty)."""
   if dtype not in hf_io.EXPORT_DTYPES:
-    raise config_lib.ConfigError(f"--dtype={dtype!r} is unknown: use one of "
+    raise ConfigError(f"--dtype={dtype!r} is unknown: use one of "
                                  f"{sorted(hf_io.EXPORT_DTYPES)}")
-  params, saved, step = ckpt_lib.restore_params(workdir, step)
-  from mot.pipeline import complete_config  # lazy: pipeline pulls in sampling and media
-  saved = complete_config(saved).to_dict()
-  model = config_lib.ModelConfig.from_config(saved["model"])
+  params, saved, at_step = ckpt_lib.restore_params(workdir, step)
+  config = config_upgrade.upgrade_config(saved)
+  model = config_lib.ModelConfig.from_config(config.model)
   config_lib.validate_model(model)
-  tok, vocab, original = _run_tokenizer(saved)
+  tok, vocab, original = _run_tokenizer(config)
   hf = hf_arch.hf_config(model, vocab, original, dtype)
   if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
-    raise config_lib.ConfigError(f"--out {out} already exists and is not empty: pass a new "
+    raise ConfigError(f"--out {out} already exists and is not empty: pass a new "
                                  "directory")
   params = jax.tree.map(np.asarray, jax.device_get(params))
   staging = _staging(out)
@@ -344,16 +345,16 @@ def to_hf(workdir: str, out: str, step: int | None = None, dtype: str = "float32
     _publish(staging, out)
   finally:
     shutil.rmtree(staging, ignore_errors=True)
-  logging.info("Wrote %s (%s, step %d, %s)", out, hf["architectures"][0], step, dtype)
+  logging.info("Wrote %s (%s, step %d, %s)", out, hf["architectures"][0], at_step, dtype)
 
 
 # ----------------------------------------------------------------------------------------
 # Command line.
 # ----------------------------------------------------------------------------------------
+FLAGS = flags.FLAGS
+
+
 def main(argv):
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  from mot import cli  # pylint: disable=g-import-not-at-top
-  FLAGS = flags.FLAGS
   commands = {"from_hf": ("hf_dir", "workdir"), "to_hf": ("workdir", "out")}
   if len(argv) != 2 or argv[1] not in commands:
     cli.fail(f"expected one command, from_hf or to_hf, got {argv[1:]} (see --help)")
@@ -368,8 +369,8 @@ def main(argv):
       to_hf(FLAGS.workdir, FLAGS.out, FLAGS.step, FLAGS.dtype)
 
 
-def _define_flags():
-  from absl import flags  # pylint: disable=g-import-not-at-top
+def define_flags():
+  """The command's flags (defined only when run as a program, not on import)."""
   flags.DEFINE_string("hf_dir", None, "from_hf: the Hugging Face model folder (config.json, "
                       "model.safetensors or its index, tokenizer.json).")
   flags.DEFINE_string("workdir", None, "from_hf: the mot workdir to write (new or empty); "
@@ -382,7 +383,6 @@ def _define_flags():
                     "to_hf: dtype of the written weights (float32 is exact).")
 
 
-if __name__ == "__main__":
-  from mot import cli as _cli  # pylint: disable=g-import-not-at-top
-  _define_flags()
-  _cli.run(main)
+if __name__ == "__main__":   # no cli.tune_malloc: it would keep freed host memory mapped
+  define_flags()
+  cli.run(main)
