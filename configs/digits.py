@@ -24,6 +24,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.seed = 0                         # seeds init, data order, noise and dropout
   c.tokenizer = "bytes"              # "bytes" (mot.tokenizer.ByteTokenizer, 272 ids) or the
                                      # path of a tokenizer.json (a converted model's)
+  c.init_from = ""                   # a workdir whose newest weights, model fields and
+                                     # tokenizer start this run (mot.warm_start); "": none
 
   # ---- Optimisation. ----
   c.num_train_steps = 1200           # total optimizer steps (the run's time and figures:

@@ -236,6 +236,15 @@ def validate_sample(sample: Any) -> None:
          "prompt plus answer sampling accepts; at least config.data.seq_len either way)")
 
 
+def run_tokenizer(config: Any, model: ModelConfig) -> tokenizer.Tokenizer:
+  """The tokenizer `config.tokenizer` names, for a model of `config.model.vocab_size` ids;
+  a missing or malformed file, or a vocabulary that does not fit, is a ConfigError."""
+  try:
+    return tokenizer.load(str(field(config, "tokenizer")), model.vocab_size)
+  except ValueError as e:
+    raise ConfigError(f"config.tokenizer: {e}") from None
+
+
 def validate(config: Any) -> ModelConfig:
   """Validates a full run config; returns its frozen ModelConfig."""
   validate_training(config)
@@ -245,9 +254,7 @@ def validate(config: Any) -> ModelConfig:
   except TypeError as e:
     raise ConfigError(f"config.model has a bad field: {e}") from None
   validate_model(model)
-  _check(model.vocab_size >= tokenizer.VOCAB_SIZE,
-         f"config.model.vocab_size={model.vocab_size} is smaller than the tokenizer's "
-         f"{tokenizer.VOCAB_SIZE} ids: set it to {tokenizer.VOCAB_SIZE}")
+  tok = run_tokenizer(config, model)
   data = field(config, "data")
   patch = field(data, "patch_size", "config.data") ** 2 * field(data, "channels", "config.data")
   _check(patch == model.modality_patch_dims[1],
@@ -258,7 +265,7 @@ def validate(config: Any) -> ModelConfig:
          "config.freeze_understanding=True needs the understanding expert: set "
          "config.model.experts='mode'")
   try:
-    input_pipeline.validate(data)
+    input_pipeline.validate(data, tokenizer=tok)
   except (ValueError, TypeError, AttributeError) as e:
     raise ConfigError(str(e)) from None
   return model

@@ -77,14 +77,16 @@ def _upgrade_to_v2(config: dict) -> None:
   _fill(config.setdefault("model", {}), _V2_MODEL)
 
 
-# Version 3 added pretrained checkpoints (mot.convert): the tokenizer and the model fields
-# of Qwen's numerics; every earlier run used the byte tokenizer and Qwen3's block.
-_V3_TOP = {"tokenizer": "bytes"}
+# Version 3 added pretrained checkpoints (mot.convert, mot.warm_start): the tokenizer,
+# init_from and the model fields of Qwen's numerics; every earlier run used the byte
+# tokenizer, random initialisation and Qwen3's block.
+_V3_TOP = {"tokenizer": "bytes", "init_from": ""}
 _V3_MODEL = {"qkv_bias": False, "qk_norm": True, "tie_embeddings": False}
 
 
 def _upgrade_to_v3(config: dict) -> None:
-  """Version 2 -> 3: config.tokenizer and the q/k/v-bias, QK-norm and tying fields."""
+  """Version 2 -> 3: config.tokenizer, config.init_from and the q/k/v-bias, QK-norm and
+  tying fields."""
   _fill(config, _V3_TOP)
   _fill(config.setdefault("model", {}), _V3_MODEL)
 

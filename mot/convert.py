@@ -68,11 +68,11 @@ class Import:
 # ----------------------------------------------------------------------------------------
 # Checks (before anything is written).
 # ----------------------------------------------------------------------------------------
-def run_config(fields: dict, experts: str, workdir: str) -> ml_collections.ConfigDict:
+def run_config(fields: dict, experts: str, tokenizer_path: str) -> ml_collections.ConfigDict:
   """configs/digits.py's run config with the pretrained model's fields, computing in
   float32 (the exact numerics of the original) with stacked layers."""
   config = digits.get_config()
-  config.tokenizer = os.path.join(os.path.abspath(workdir), PRETRAINED, TOKENIZER)
+  config.tokenizer = os.path.abspath(tokenizer_path)
   config.model.update(fields)
   config.model.update(experts=experts, init_generation_from_understanding=experts == "mode",
                       dtype="float32", matmul_dtype="same", param_dtype="float32",
@@ -143,8 +143,9 @@ def plan_import(hf_dir: str, workdir: str, experts: str) -> Import:
   fields = hf_arch.model_fields(arch, where)
   vocab = fields["vocab_size"]
   fields["vocab_size"] = _vocabulary(hf_dir, vocab)
-  config = run_config(fields, experts, workdir)
-  model = config_lib.validate(config)
+  config = run_config(fields, experts, os.path.join(hf_dir, TOKENIZER))
+  model = config_lib.validate(config)   # with the source's tokenizer.json, then the copy's:
+  config.tokenizer = os.path.join(os.path.abspath(workdir), PRETRAINED, TOKENIZER)
   reader = hf_io.SafetensorsReader(hf_dir)
   entries = hf_arch.tensor_table(arch.prefix, model)
   shapes = jax.tree.map(lambda s: np.broadcast_to(np.float32(0), s.shape),

@@ -31,12 +31,11 @@ class PromptBuilder:
   read_window: int           # reading images: the window each patch token carries (0: off)
   video_layout: str          # "clip" (one block) or "frames" (one block a frame)
   action_dim: int            # real dims of an action patch (model.modality_patch_dims[3])
-  tokenizer: tokenizer_lib.Tokenizer = dataclasses.field(
-      default_factory=tokenizer_lib.Tokenizer)
+  tokenizer: tokenizer_lib.Tokenizer = tokenizer_lib.BYTE_TOKENIZER   # the run's
 
   def _start(self) -> SequenceBuilder:
-    b = SequenceBuilder(self.patch_dim)
-    b.add_text([tokenizer_lib.BOS])
+    b = SequenceBuilder(self.patch_dim, self.tokenizer)
+    b.add_text([self.tokenizer.bos_id])
     return b
 
   def _patches(self, unit: np.ndarray) -> np.ndarray:

@@ -192,7 +192,9 @@ def train_step(state: TrainState, batch: dict, rng: Array, *, model: MoT, tx, co
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   decay = ema_decay(state.step, config.ema_decay)
-  ema = jax.tree.map(lambda e, p: decay * e + (1.0 - decay) * p, state.ema_params, params)
+  # e + (1 - decay) (p - e): the same average, and exactly e where p == e, so frozen
+  # weights (config.freeze_understanding) stay bit-identical in the EMA too.
+  ema = jax.tree.map(lambda e, p: e + (1.0 - decay) * (p - e), state.ema_params, params)
   new_state = state.replace(params=params, opt_state=opt_state, ema_params=ema)
   # A non-finite loss or gradient leaves the state as it was (but counts the step).
   new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, state)

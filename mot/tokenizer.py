@@ -139,6 +139,9 @@ class ByteTokenizer(Tokenizer):
     return modalities.get(modality_name).end_token
 
 
+BYTE_TOKENIZER = ByteTokenizer()   # the bundled configs' tokenizer (stateless: one suffices)
+
+
 def marker_names() -> list[str]:
   """"<modality>_begin", "<modality>_end" of every registered modality, in id order."""
   return [f"{m.name}_{side}" for m in sorted(modalities.REGISTRY.values(), key=lambda m: m.id)
@@ -259,7 +262,7 @@ def load(name: str, vocab_size: int) -> Tokenizer:
     if vocab_size != VOCAB_SIZE:
       raise ValueError(f"config.model.vocab_size={vocab_size} but the byte tokenizer has "
                        f"{VOCAB_SIZE} ids: set it to {VOCAB_SIZE}")
-    return ByteTokenizer()
+    return BYTE_TOKENIZER
   return HFTokenizer(name, vocab_size)
 
 

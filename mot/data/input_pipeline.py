@@ -31,6 +31,8 @@ from mot.data import packing
 from mot.data import tasks
 from mot.data import user_data
 from mot.errors import field
+from mot.tokenizer import BYTE_TOKENIZER as BYTES
+from mot.tokenizer import Tokenizer
 
 EPOCHS = 10**12 // 2000  # ~5e8 epochs of the digits: more than any run consumes
 DATASETS = ("digits", "moving_digits", "image_folder", "array_record")
@@ -38,7 +40,8 @@ DIGIT_DATASETS = ("digits", "moving_digits")  # labelled bundled digits, fixed s
 
 
 def make_train_dataset(data_config: Any, seed: int, batch_size: int,
-                       shard_index: int = 0, shard_count: int = 1) -> grain.IterDataset:
+                       shard_index: int = 0, shard_count: int = 1,
+                       tokenizer: Tokenizer = BYTES) -> grain.IterDataset:
   """Infinite, deterministic, resumable batches of packed training rows.
 
   Args:
@@ -51,12 +54,14 @@ def make_train_dataset(data_config: Any, seed: int, batch_size: int,
     shard_index, shard_count: this process's share of rows (multi-host: process
       index and count): block shard_index of the global batch of
       batch_size * shard_count rows, which does not depend on shard_count.
+    tokenizer: the run's (`mot.tokenizer.from_config(config)`); the byte tokenizer of
+      the bundled configs by default.
   Returns:
     IterDataset of dicts: every `SequenceBuilder` field plus `segment_ids`, numpy
     arrays [batch_size, seq_len, ...] (`patches` float32 [B, L, patch_dim],
     `positions` int32 [B, L, 3], the rest [B, L]).
   """
-  options = validate(data_config)
+  options = validate(data_config, tokenizer=tokenizer)
   names, probs = _task_mixture(data_config)
   pairs = train_pairs(data_config)
   shuffle_seed, map_seed = (int(s) for s in np.random.SeedSequence(seed).generate_state(2))
@@ -82,7 +87,8 @@ def make_train_dataset(data_config: Any, seed: int, batch_size: int,
   return it_ds
 
 
-def heldout_examples(data_config: Any, task: str) -> list[dict[str, np.ndarray]]:
+def heldout_examples(data_config: Any, task: str, tokenizer: Tokenizer = BYTES
+                     ) -> list[dict[str, np.ndarray]]:
   """Unpadded examples of `task` for every held-out image, in `heldout_labels` order.
 
   Never augmented; a task's text variant is drawn from an rng seeded by the image's
@@ -90,7 +96,7 @@ def heldout_examples(data_config: Any, task: str) -> list[dict[str, np.ndarray]]
   """
   if data_config.dataset == "moving_digits":  # train_lib asks for the image tasks' names
     task = moving_digits.HELDOUT_ALIASES.get(task, task)
-  options = validate(data_config, task_names=(task,))
+  options = validate(data_config, task_names=(task,), tokenizer=tokenizer)
   pairs, build = heldout_pairs(data_config), _build_fn(data_config)
   examples = []
   for i in range(len(pairs)):
@@ -223,8 +229,10 @@ def _check_read_window(data_config: Any, size: int, p: int, patch_dim: int) -> i
   return window
 
 
-def validate(data_config: Any, task_names: tuple[str, ...] | None = None) -> tasks.TaskOptions:
-  """Checks data_config; returns the TaskOptions. Errors are one line naming the field."""
+def validate(data_config: Any, task_names: tuple[str, ...] | None = None,
+             tokenizer: Tokenizer = BYTES) -> tasks.TaskOptions:
+  """Checks data_config; returns the TaskOptions (which carry `tokenizer`, the run's).
+  Errors are one line naming the field."""
   dataset = _f(data_config, "dataset")
   if dataset not in DATASETS:
     raise ValueError(f"config.data.dataset={dataset!r} is unknown; known: {DATASETS}")
@@ -239,7 +247,7 @@ def validate(data_config: Any, task_names: tuple[str, ...] | None = None) -> tas
   else:
     media = dict(canvas=size, read_window=_check_read_window(data_config, size, p, patch_dim),
                  **_check_augmentation(data_config, size))
-  options = tasks.TaskOptions(patch_size=p, patch_dim=patch_dim, **media)
+  options = tasks.TaskOptions(patch_size=p, patch_dim=patch_dim, tokenizer=tokenizer, **media)
   if task_names is None:
     task_names = _task_mixture(data_config)[0]
   for name in task_names:

@@ -45,7 +45,6 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageOps
 
-from mot import tokenizer as tokenizer_lib
 from mot.data import digits
 from mot.data import tasks
 from mot.data.builder import SequenceBuilder
@@ -58,7 +57,6 @@ TASK_NAMES = ("generation", "reasoning", "text")
 DEFAULT_IMAGE_SIZE = 8              # The digits' resolution.
 _SCAN_CHUNK = 1024                  # Records read at once when checking ArrayRecord files.
 _LINE_EXAMPLE = '{"image": "a.png", "caption": "a red square"}'
-_TOKENIZER = tokenizer_lib.ByteTokenizer()
 
 
 # ----------------------------------------------------------------------------------------
@@ -446,31 +444,34 @@ def _image_bytes(image: Any, i: int) -> bytes:
 def generation_example(image: np.ndarray, caption: str,
                        options: tasks.TaskOptions) -> dict[str, np.ndarray]:
   """Caption -> image: BOS, caption (target, CFG conditioning), noised image, EOS."""
-  b = SequenceBuilder(options.patch_dim)
-  b.add_text([tokenizer_lib.BOS])
-  b.add_text(_TOKENIZER.encode(caption), loss=True, cond=True)
+  tok = options.tokenizer
+  b = SequenceBuilder(options.patch_dim, tok)
+  b.add_text([tok.bos_id])
+  b.add_text(tok.encode(caption), loss=True, cond=True)
   b.add_image(digits.patchify(image, options.patch_size), noised=True)
-  b.add_text([tokenizer_lib.EOS], loss=True)
+  b.add_text([tok.eos_id], loss=True)
   return b.build()
 
 
 def reasoning_example(image: np.ndarray, caption: str,
                       options: tasks.TaskOptions) -> dict[str, np.ndarray]:
   """Image -> caption: BOS, clean image, QUESTION, caption (target), EOS (target)."""
-  b = SequenceBuilder(options.patch_dim)
-  b.add_text([tokenizer_lib.BOS])
+  tok = options.tokenizer
+  b = SequenceBuilder(options.patch_dim, tok)
+  b.add_text([tok.bos_id])
   b.add_image(digits.patchify_window(image, options.patch_size, options.read_window),
               noised=False)
-  b.add_text(_TOKENIZER.encode(QUESTION))
-  b.add_text(_TOKENIZER.encode(caption) + [tokenizer_lib.EOS], loss=True)
+  b.add_text(tok.encode(QUESTION))
+  b.add_text(tok.encode(caption) + [tok.eos_id], loss=True)
   return b.build()
 
 
 def text_example(caption: str, options: tasks.TaskOptions) -> dict[str, np.ndarray]:
   """Caption language modelling: BOS, caption (target), EOS (target)."""
-  b = SequenceBuilder(options.patch_dim)
-  b.add_text([tokenizer_lib.BOS])
-  b.add_text(_TOKENIZER.encode(caption) + [tokenizer_lib.EOS], loss=True)
+  tok = options.tokenizer
+  b = SequenceBuilder(options.patch_dim, tok)
+  b.add_text([tok.bos_id])
+  b.add_text(tok.encode(caption) + [tok.eos_id], loss=True)
   return b.build()
 
 
