@@ -21,7 +21,8 @@ from mot.model import MoT, text_inputs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOLDEN = os.path.join(ROOT, "tests", "golden")
-FIXTURES = ("qwen3_tied", "qwen2_untied")
+FIXTURES = ("qwen3_tied", "qwen2_untied")   # text models: also exported and re-imported
+ALL_FIXTURES = FIXTURES + ("qwen3_vl",)
 TOLERANCE = 1e-4
 
 
@@ -55,7 +56,7 @@ def text_logits(model, params, tokens):
   return np.asarray(logits)
 
 
-@pytest.mark.parametrize("name", FIXTURES)
+@pytest.mark.parametrize("name", ALL_FIXTURES)
 def test_logits_equal_transformers(converted, name):
   g = golden(name)
   model, params, saved = load(converted(name))
@@ -72,7 +73,7 @@ def test_logits_equal_transformers(converted, name):
   np.testing.assert_array_equal(logits[..., :vocab].argmax(-1)[clear], g["argmax"][clear])
 
 
-@pytest.mark.parametrize("name", FIXTURES)
+@pytest.mark.parametrize("name", ALL_FIXTURES)
 def test_greedy_decoding_equals_generate(converted, name):
   g = golden(name)
   model, params, _ = load(converted(name))
@@ -178,3 +179,14 @@ def test_converting_again_into_the_same_workdir_does_nothing(converted):
   before = times()
   convert.from_hf(os.path.join(GOLDEN, "qwen3_tied"), workdir)
   assert times() == before
+
+
+def test_qwen3_vl_language_model(converted, tmp_path):
+  """Qwen3-VL: its language model with its interleaved M-RoPE sections, the vision tower
+  left out; exported, it is the Qwen3 text model it computes."""
+  _, params, saved = load(converted("qwen3_vl"))
+  assert saved["model"]["rope_sections"] == [4, 2, 2] and saved["model"]["rope_interleaved"]
+  assert saved["model"]["qk_norm"] and not saved["model"]["tie_embeddings"]
+  convert.to_hf(converted("qwen3_vl"), str(tmp_path / "hf"))
+  with open(tmp_path / "hf" / "config.json") as f:
+    assert json.load(f)["architectures"] == ["Qwen3ForCausalLM"]

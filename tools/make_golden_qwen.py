@@ -18,6 +18,10 @@ tokenizer_config.json, generation_config.json, golden.npz):
                 rms_norm_eps 1e-5; transformers 4 config form (top-level rope_theta,
                 torch_dtype); sharded (model.safetensors.index.json). Its tokenizer_config
                 names EOS only.
+  qwen3_vl      Qwen3VLForConditionalGeneration: a one-block vision tower (which mot leaves
+                out) and a Qwen3 language model with interleaved M-RoPE sections (4, 2, 2),
+                untied, in the transformers 4 form of published Qwen3-VL configs
+                (text_config's rope_theta and rope_scaling). Its rows are text only.
 The weights are random but not trivial (no zero biases, norm weights around 1, not 1);
 the tokenizers are byte-level BPE trained here with `tokenizers` on TEXT below (no
 download); vocab_size leaves unused rows past the tokenizer, as published Qwen models do.
@@ -103,6 +107,21 @@ FIXTURES = {
                     max_position_embeddings=1024, rms_norm_eps=1e-5, tie_word_embeddings=False,
                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
         specials=dict(eos_token="<|endoftext|>"), shard="100KB"),
+    "qwen3_vl": dict(
+        cls="Qwen3VL", tokens=300, seed=4, gain=2.0,
+        config=dict(
+            tie_word_embeddings=False,
+            text_config=dict(
+                vocab_size=320, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                max_position_embeddings=1024, rms_norm_eps=1e-6,
+                rope_parameters={"rope_type": "default", "rope_theta": 5e5,
+                                 "mrope_section": [4, 2, 2], "mrope_interleaved": True}),
+            vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                               out_hidden_size=48, patch_size=4, spatial_merge_size=2,
+                               temporal_patch_size=2, deepstack_visual_indexes=[0],
+                               num_position_embeddings=16)),
+        specials=dict(eos_token="<|im_end|>", pad_token="<|endoftext|>"), shard=None),
 }
 
 
@@ -138,18 +157,25 @@ def randomize(model: torch.nn.Module, seed: int, gain: float) -> None:
 
 
 def write_v4_config(folder: str) -> None:
-  """Rewrites config.json in the transformers 4 form most published checkpoints have."""
+  """Rewrites config.json in the transformers 4 form most published checkpoints have
+  (a Qwen3-VL's text_config keeps its M-RoPE fields in rope_scaling)."""
   path = os.path.join(folder, "config.json")
   with open(path) as f:
     cfg = json.load(f)
-  rope = cfg.pop("rope_parameters")
-  cfg["rope_theta"] = rope["rope_theta"]
-  cfg["rope_scaling"] = None
+  text = cfg.get("text_config", cfg)
+  rope = text.pop("rope_parameters")
+  text["rope_theta"] = rope.pop("rope_theta")
+  text["rope_scaling"] = rope if "mrope_section" in rope else None
   cfg["torch_dtype"] = cfg.pop("dtype")
-  cfg.pop("layer_types", None)
-  cfg["transformers_version"] = "4.51.0"
+  text.pop("layer_types", None)
+  cfg["transformers_version"] = "4.57.0"
   with open(path, "w") as f:
     json.dump(cfg, f, indent=2, sort_keys=True)
+
+
+def model_class(name: str):
+  """The transformers class of an architecture name (from config.json)."""
+  return getattr(transformers, name)
 
 
 def logit_stats(model, tokens: np.ndarray, columns: np.ndarray) -> dict[str, np.ndarray]:
@@ -190,16 +216,18 @@ def make_fixture(name: str, spec: dict) -> str:
   hf_tok.save_pretrained(folder)
   torch.manual_seed(spec["seed"])
   config = getattr(transformers, f"{spec['cls']}Config")(**spec["config"])
-  model = getattr(transformers, f"{spec['cls']}ForCausalLM")(config).eval()
+  cls = model_class(config.architectures[0] if config.architectures else
+                    f"{spec['cls']}ForConditionalGeneration" if spec["cls"] == "Qwen3VL"
+                    else f"{spec['cls']}ForCausalLM")
+  model = cls(config).eval()
   randomize(model, spec["seed"], spec["gain"])
   model.save_pretrained(folder, max_shard_size=spec["shard"] or "50MB")
-  if spec["cls"] == "Qwen2":
+  if spec["cls"] in ("Qwen2", "Qwen3VL"):
     write_v4_config(folder)
   # Reloaded from the folder: the fixture is what that config computes.
-  model = transformers.AutoModelForCausalLM.from_pretrained(
-      folder, attn_implementation="eager", dtype=torch.float32).eval()
+  model = cls.from_pretrained(folder, attn_implementation="eager", dtype=torch.float32).eval()
   rng = np.random.default_rng(spec["seed"])
-  vocab = spec["config"]["vocab_size"]
+  vocab = spec["config"].get("text_config", spec["config"])["vocab_size"]
   text_ids = (tok.encode(TEXT).ids * 2)[:ROW]
   tokens = np.stack([text_ids, rng.integers(0, vocab, ROW)]).astype(np.int32)
   columns = np.sort(rng.choice(vocab, COLUMNS, replace=False)).astype(np.int32)
@@ -223,10 +251,13 @@ def check_export(folder: str, mot_python: str) -> float:
       subprocess.run([mot_python, "-m", "mot.convert", *args], cwd=ROOT, check=True,
                      env=dict(os.environ, JAX_PLATFORMS="cpu"))
     tokens = torch.from_numpy(golden["tokens"]).long()
-    with torch.no_grad():
-      logits = [transformers.AutoModelForCausalLM.from_pretrained(
-          f, attn_implementation="eager", dtype=torch.float32).eval()(tokens).logits
-                for f in (folder, out)]
+    logits = []
+    for f in (folder, out):
+      with open(os.path.join(f, "config.json")) as c:
+        cls = model_class(json.load(c)["architectures"][0])
+      with torch.no_grad():
+        logits.append(cls.from_pretrained(f, attn_implementation="eager",
+                                          dtype=torch.float32).eval()(tokens).logits)
     tokenizers.Tokenizer.from_file(os.path.join(out, "tokenizer.json"))
   return float((logits[0] - logits[1]).abs().max())
 
