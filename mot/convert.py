@@ -80,7 +80,7 @@ def run_config(fields: dict, experts: str, tokenizer_path: str) -> ml_collection
   return config
 
 
-def _vocabulary(hf_dir: str, vocab: int) -> int:
+def vocabulary(hf_dir: str, vocab: int) -> int:
   """Ids of the model with mot's special tokens appended to the checkpoint's `vocab`."""
   path = os.path.join(hf_dir, TOKENIZER)
   if not os.path.isfile(path):
@@ -142,7 +142,7 @@ def plan_import(hf_dir: str, workdir: str, experts: str) -> Import:
   arch = hf_arch.arch_of(hf_io.read_config(hf_dir), where)
   fields = hf_arch.model_fields(arch, where)
   vocab = fields["vocab_size"]
-  fields["vocab_size"] = _vocabulary(hf_dir, vocab)
+  fields["vocab_size"] = vocabulary(hf_dir, vocab)
   config = run_config(fields, experts, os.path.join(hf_dir, TOKENIZER))
   model = config_lib.validate(config)   # with the source's tokenizer.json, then the copy's:
   config.tokenizer = os.path.join(os.path.abspath(workdir), PRETRAINED, TOKENIZER)

@@ -17,7 +17,9 @@ import pytest
 from mot import checkpoint as ckpt_lib
 from mot import config as config_lib
 from mot import convert, sampling, tokenizer
-from mot.model import MoT, text_inputs
+from mot.errors import InputError
+from mot.model import MoT
+from mot.pipeline import Pipeline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOLDEN = os.path.join(ROOT, "tests", "golden")
@@ -50,20 +52,16 @@ def load(workdir):
   return MoT(cfg), params, saved
 
 
-def text_logits(model, params, tokens):
-  logits, _ = jax.jit(lambda p, t: model.apply({"params": p}, text_inputs(t, model.cfg.patch_dim),
-                                               method=MoT.logits))(params, tokens)
-  return np.asarray(logits)
-
-
 @pytest.mark.parametrize("name", ALL_FIXTURES)
 def test_logits_equal_transformers(converted, name):
+  """mot.Pipeline.from_workdir(OUT).text_logits: float32, the HF vocabulary first."""
   g = golden(name)
-  model, params, saved = load(converted(name))
-  assert saved["model"]["dtype"] == "float32" and saved["model"]["matmul_dtype"] == "same"
-  logits = text_logits(model, params, g["tokens"])
+  pipe = Pipeline.from_workdir(converted(name))
+  assert pipe.config.model.dtype == "float32" and pipe.config.model.matmul_dtype == "same"
+  logits = pipe.text_logits(g["tokens"])
   vocab = g["greedy_logits"].shape[-1]
-  assert logits.shape == g["tokens"].shape + (model.cfg.vocab_size,)
+  assert logits.dtype == np.float32
+  assert logits.shape == g["tokens"].shape + (pipe.model_cfg.vocab_size,)
   assert g["tokens"].shape[1] >= 500
   diff = np.abs(logits[..., g["columns"]] - g["logits"]).max()
   assert diff < TOLERANCE, diff
@@ -71,6 +69,14 @@ def test_logits_equal_transformers(converted, name):
   assert np.abs(lse - g["logsumexp"]).max() < TOLERANCE
   clear = g["margin"] > 10 * TOLERANCE
   np.testing.assert_array_equal(logits[..., :vocab].argmax(-1)[clear], g["argmax"][clear])
+
+
+def test_text_logits_refuses_bad_ids(converted):
+  pipe = Pipeline.from_workdir(converted("qwen3_tied"))
+  for bad in ([[0, 1, pipe.model_cfg.vocab_size]], [[-1, 2]], [[0.5, 1.0]], [[]]):
+    with pytest.raises(InputError):
+      pipe.text_logits(np.asarray(bad))
+  assert pipe.text_logits([5, 6, 7]).shape == (1, 3, pipe.model_cfg.vocab_size)
 
 
 @pytest.mark.parametrize("name", ALL_FIXTURES)
@@ -147,8 +153,9 @@ def test_experts_mode_copies_the_understanding_expert(converted):
   for path, leaf in jax.tree_util.tree_flatten_with_path(blocks)[0]:
     leaf = np.asarray(leaf)                       # [layers, experts, ...]
     np.testing.assert_array_equal(leaf[:, 0], leaf[:, 1], err_msg=str(path))
-  np.testing.assert_array_equal(text_logits(mode_model, mode, g["tokens"][:, :64]),
-                                text_logits(shared_model, shared, g["tokens"][:, :64]))
+  np.testing.assert_array_equal(sampling.text_logits(mode_model, mode, g["tokens"][:, :64]),
+                                sampling.text_logits(shared_model, shared,
+                                                     g["tokens"][:, :64]))
   # The generation-only parts start fresh, as train.py initialises them.
   assert np.abs(np.asarray(mode["embed"]["patch_projection"])).max() > 0
   assert np.abs(np.asarray(mode["dm_head"]["out"]["kernel"])).max() > 0
