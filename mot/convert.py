@@ -84,8 +84,8 @@ def vocabulary(hf_dir: str, vocab: int) -> int:
   """Ids of the model with mot's special tokens appended to the checkpoint's `vocab`."""
   path = os.path.join(hf_dir, TOKENIZER)
   if not os.path.isfile(path):
-    raise ConfigError(f"{hf_dir} has no {TOKENIZER}: mot reads and writes the "
-                                 "model's text with it; copy it from the model's release")
+    raise ConfigError(f"{hf_dir} has no {TOKENIZER}: mot reads and writes the model's text "
+                      "with it; copy it from the model's release")
   try:
     size = vocab + len(tokenizer.appended_names(path))
     tokenizer.HFTokenizer(path, size)
@@ -170,8 +170,8 @@ def workdir_done(workdir: str, config: ml_collections.ConfigDict) -> bool:
       return True
   except (OSError, ValueError):
     pass
-  raise ConfigError(f"--workdir {workdir} already holds a different run: pass a "
-                               "new or empty directory")
+  raise ConfigError(f"--workdir {workdir} already holds a different run: pass a new or "
+                    "empty directory")
 
 
 # ----------------------------------------------------------------------------------------
@@ -321,7 +321,7 @@ def to_hf(workdir: str, out: str, step: int | None = None, dtype: str = "float32
   Hugging Face folder `out` (which must not exist or be empty)."""
   if dtype not in hf_io.EXPORT_DTYPES:
     raise ConfigError(f"--dtype={dtype!r} is unknown: use one of "
-                                 f"{sorted(hf_io.EXPORT_DTYPES)}")
+                      f"{sorted(hf_io.EXPORT_DTYPES)}")
   params, saved, at_step = ckpt_lib.restore_params(workdir, step)
   config = config_upgrade.upgrade_config(saved)
   model = config_lib.ModelConfig.from_config(config.model)
@@ -330,19 +330,17 @@ def to_hf(workdir: str, out: str, step: int | None = None, dtype: str = "float32
   hf = hf_arch.hf_config(model, vocab, original, dtype)
   if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
     raise ConfigError(f"--out {out} already exists and is not empty: pass a new "
-                                 "directory")
+                      "directory")
   params = jax.tree.map(np.asarray, jax.device_get(params))
   staging = _staging(out)
   try:
     os.makedirs(staging)
-    hf_io.write_safetensors(os.path.join(staging, hf_io.SINGLE),
-                            export_tensors(params, model, vocab), dtype)
+    if isinstance(tok, tokenizer.HFTokenizer):   # the tokenizer files (config.json: ours)
+      copy_files(os.path.dirname(tok.path), staging)
     with open(os.path.join(staging, hf_io.CONFIG), "w") as f:
       json.dump(hf, f, indent=2)
-    if isinstance(tok, tokenizer.HFTokenizer):
-      copy_files(os.path.dirname(tok.path), staging)
-      with open(os.path.join(staging, hf_io.CONFIG), "w") as f:   # ours, not the copy
-        json.dump(hf, f, indent=2)
+    hf_io.write_safetensors(os.path.join(staging, hf_io.SINGLE),
+                            export_tensors(params, model, vocab), dtype)
     _publish(staging, out)
   finally:
     shutil.rmtree(staging, ignore_errors=True)
