@@ -67,7 +67,7 @@ def main(argv):
   n = FLAGS.new_tokens
   decode_fn = sampling._decode_fn(model, sampling.round_up(n + 1, 16))  # pylint: disable=protected-access
   forward = jax.jit(functools.partial(model.apply, method=MoT.logits))
-  stop = jnp.asarray(sampling.stop_mask([]))  # never stop: every run decodes its full count
+  stop = jnp.asarray(sampling.stop_mask([], model.cfg.vocab_size))  # never stop: full count
   load_start = os.getloadavg()[0]
   rows = []
   for length in (int(c) for c in FLAGS.contexts):
@@ -78,7 +78,7 @@ def main(argv):
 
     def run(limit):
       out = decode_fn(params, arrays, jax.random.PRNGKey(0), jnp.float32(0), jnp.int32(0),
-                      jnp.float32(1), stop, jnp.int32(limit))
+                      jnp.float32(1), stop, jnp.int32(limit), jnp.int32(tokenizer.PAD))
       jax.block_until_ready(out)
 
     t1 = timed(lambda: run(1), FLAGS.reps)

@@ -22,6 +22,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.variant = variant                # which variant of this file built the config
   c.seed = 0                         # seeds init, data order, noise and dropout
+  c.tokenizer = "bytes"              # "bytes" (mot.tokenizer.ByteTokenizer, 272 ids) or the
+                                     # path of a tokenizer.json (a converted model's)
+  c.init_from = ""                   # a workdir whose newest weights, model fields and
+                                     # tokenizer start this run (mot.warm_start); "": none
 
   # ---- Optimisation. ----
   c.num_train_steps = 1200           # total optimizer steps (the run's time and figures:
@@ -140,6 +144,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.model.rope_theta = 10000.0       # RoPE base
   c.model.rope_interleaved = True    # Qwen3-VL layout: every axis gets high frequencies
                                      # (docs/design.md §2)
+  c.model.qkv_bias = False           # biases on the q/k/v projections (Qwen2 / Qwen2.5 have them)
+  c.model.qk_norm = True             # RMSNorm of every query and key head (Qwen3; Qwen2: off)
+  c.model.tie_embeddings = False     # the AR head unembeds with the token embedding table
   c.model.time_embed_dim = 256       # sinusoidal timestep features
   c.model.norm_eps = 1e-6            # RMSNorm epsilon
   c.model.dropout_rate = 0.0         # residual dropout while training (sampling: none)

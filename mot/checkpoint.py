@@ -21,6 +21,7 @@ from mot.errors import CheckpointError, ConfigError  # noqa: F401  (also mot.che
 from etils import epath
 
 CHECKPOINT_DIR = "checkpoints"
+CHUNK_BYTES = 64 << 20   # storage chunks of `save_host_state`: bounds its write buffers
 
 
 def checkpoint_dir(workdir: str) -> str:
@@ -46,6 +47,31 @@ def save(manager: ocp.CheckpointManager, step: int, state: Any, data_iter=None,
   if log is not None:
     items["log"] = ocp.args.JsonSave(log)
   return manager.save(step, args=ocp.args.Composite(**items), force=force)
+
+
+def save_host_state(workdir: str, step: int, state: Any, config: dict, log: dict,
+                    concurrent_gb: int = 1) -> None:
+  """Saves a state of host (numpy) arrays synchronously, in `save`'s layout (`restore`
+  reads it), without copying them: orbax deep-copies host arrays before an asynchronous
+  write, which for a converted model's parameters, EMA and zero moments (views of one
+  another) is several times their memory. At most `concurrent_gb` GB are written at a
+  time, in storage chunks of CHUNK_BYTES."""
+  registry = ocp.type_handlers.create_type_handler_registry(
+      (np.ndarray, ocp.type_handlers.NumpyHandler(deepcopy_host_arrays=False)),
+      (np.number, ocp.type_handlers.ScalarHandler()))
+  # Without OCDBT: with it, more of the written bytes stayed in memory until the commit.
+  handlers = {"state": ocp.PyTreeCheckpointHandler(save_concurrent_gb=concurrent_gb,
+                                                   use_ocdbt=False,
+                                                   type_handler_registry=registry),
+              "config": ocp.JsonCheckpointHandler(), "log": ocp.JsonCheckpointHandler()}
+  options = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=False)
+  with ocp.CheckpointManager(checkpoint_dir(workdir), options=options,
+                             item_handlers=handlers) as manager:
+    chunks = jax.tree.map(lambda _: ocp.SaveArgs(chunk_byte_size=CHUNK_BYTES), state)
+    manager.save(step, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state, chunks),
+                                               config=ocp.args.JsonSave(config),
+                                               log=ocp.args.JsonSave(log)))
+    manager.wait_until_finished()
 
 
 def abstract_like(tree: Any) -> Any:

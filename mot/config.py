@@ -50,6 +50,9 @@ class ModelConfig:
   matmul_dtype: str                      # Linear matmul operands: "same" or a dtype
   param_dtype: str
   norm_eps: float
+  qkv_bias: bool                         # biases on the q/k/v projections (Qwen2 / Qwen2.5)
+  qk_norm: bool                          # RMSNorm of every query and key head (Qwen3; not Qwen2)
+  tie_embeddings: bool                   # the AR head unembeds with the token embedding table
   dropout_rate: float                    # residual dropout in training
   attention_impl: str                    # "auto" | "xla" | "cudnn" | "blockwise" | "splash"
   attention_block_q: int                 # blockwise/splash: queries per tile
@@ -127,6 +130,7 @@ def validate_model(m: ModelConfig) -> None:
   _check(isinstance(m.dropout_rate, (int, float)) and 0.0 <= m.dropout_rate < 1.0,
          f"config.model.dropout_rate={m.dropout_rate!r} must be in [0, 1): e.g. 0.1")
   _check(m.rope_theta > 0, f"config.model.rope_theta={m.rope_theta} must be positive")
+  validate_numerics(m)
   for name in ("dtype", "param_dtype"):
     try:
       jnp.dtype(getattr(m, name))
@@ -167,6 +171,17 @@ def validate_tiled_attention(m: ModelConfig) -> None:
     value = getattr(m, name)
     _check(isinstance(value, int) and not isinstance(value, bool) and value > 0,
            f"config.model.{name}={value!r} must be a positive integer (tokens)")
+
+
+def validate_numerics(m: ModelConfig) -> None:
+  """The fields that pretrained checkpoints (mot.convert) set from their config.json."""
+  _check(_is_int(m.vocab_size) and m.vocab_size > 0,
+         f"config.model.vocab_size={m.vocab_size!r} must be a positive integer")
+  _check(isinstance(m.norm_eps, (int, float)) and m.norm_eps > 0,
+         f"config.model.norm_eps={m.norm_eps!r} must be a positive number: e.g. 1e-6")
+  for name in ("qkv_bias", "qk_norm", "tie_embeddings"):
+    _check(isinstance(getattr(m, name), bool),
+           f"config.model.{name}={getattr(m, name)!r} must be True or False")
 
 
 def _is_int(x) -> bool:
@@ -225,6 +240,15 @@ def validate_sample(sample: Any) -> None:
          "prompt plus answer sampling accepts; at least config.data.seq_len either way)")
 
 
+def run_tokenizer(config: Any, model: ModelConfig) -> tokenizer.Tokenizer:
+  """The tokenizer `config.tokenizer` names, for a model of `config.model.vocab_size` ids;
+  a missing or malformed file, or a vocabulary that does not fit, is a ConfigError."""
+  try:
+    return tokenizer.load(str(field(config, "tokenizer")), model.vocab_size)
+  except ValueError as e:
+    raise ConfigError(f"config.tokenizer: {e}") from None
+
+
 def validate(config: Any) -> ModelConfig:
   """Validates a full run config; returns its frozen ModelConfig."""
   auto_config.check_filled(config)
@@ -235,9 +259,7 @@ def validate(config: Any) -> ModelConfig:
   except TypeError as e:
     raise ConfigError(f"config.model has a bad field: {e}") from None
   validate_model(model)
-  _check(model.vocab_size >= tokenizer.VOCAB_SIZE,
-         f"config.model.vocab_size={model.vocab_size} is smaller than the tokenizer's "
-         f"{tokenizer.VOCAB_SIZE} ids: set it to {tokenizer.VOCAB_SIZE}")
+  tok = run_tokenizer(config, model)
   data = field(config, "data")
   latent.check(config)   # a VAE's latents: patches of its channels (one-line errors)
   patch = field(data, "patch_size", "config.data") ** 2 * field(data, "channels", "config.data")
@@ -249,7 +271,7 @@ def validate(config: Any) -> ModelConfig:
          "config.freeze_understanding=True needs the understanding expert: set "
          "config.model.experts='mode'")
   try:
-    input_pipeline.validate(data)
+    input_pipeline.validate(data, tokenizer=tok)
   except (ValueError, TypeError, AttributeError) as e:
     raise ConfigError(str(e)) from None
   return model

@@ -15,7 +15,7 @@ import ml_collections
 
 from mot.errors import CheckpointError
 
-CONFIG_VERSION = 3
+CONFIG_VERSION = 4
 VERSION_KEY = "config_version"
 
 # Fields read before version 1 with a fallback when a config lacked them: the fallback is
@@ -95,7 +95,22 @@ def _upgrade_to_v3(config: dict) -> None:
   _fill(data, _V3_DATA_BY_DATASET.get(data.get("dataset"), {}))
 
 
-_UPGRADES = {0: _upgrade_to_v1, 1: _upgrade_to_v2, 2: _upgrade_to_v3}  # v -> v + 1
+# Version 4 added pretrained checkpoints (mot.convert, mot.warm_start): the tokenizer,
+# init_from and the model fields of Qwen's numerics; every earlier run used the byte
+# tokenizer, random initialisation and Qwen3's block.
+_V4_TOP = {"tokenizer": "bytes", "init_from": ""}
+_V4_MODEL = {"qkv_bias": False, "qk_norm": True, "tie_embeddings": False}
+
+
+def _upgrade_to_v4(config: dict) -> None:
+  """Version 3 -> 4: config.tokenizer, config.init_from and the q/k/v-bias, QK-norm and
+  tying fields."""
+  _fill(config, _V4_TOP)
+  _fill(config.setdefault("model", {}), _V4_MODEL)
+
+
+_UPGRADES = {0: _upgrade_to_v1, 1: _upgrade_to_v2, 2: _upgrade_to_v3,
+             3: _upgrade_to_v4}   # v -> v + 1
 
 
 def saved_form(config: ml_collections.ConfigDict) -> dict[str, Any]:

@@ -32,7 +32,7 @@ def read_heldout(pipe) -> tuple[list[str], list[str]]:
   config.sample.max_new_tokens, to the training layout's prompt."""
   data = pipe.config.data
   prompts = [tasks.split_prompt(ex)[0]
-             for ex in input_pipeline.heldout_examples(data, "reasoning")]
+             for ex in input_pipeline.heldout_examples(data, "reasoning", pipe.tokenizer)]
   ids = pipe.decode_answers(prompts, pipe.default_max_new_tokens)
   answers = [pipe.tokenizer.decode(row).strip() for row in ids]
   return answers, [str(c) for c in input_pipeline.heldout_labels(data)]

@@ -319,6 +319,13 @@ def expert_scale(x: Array, scale: Array, groups: Groups) -> Array:
   return (groups.tiles(x) * rows).reshape(x.shape)
 
 
+def expert_bias(x: Array, bias: Array, groups: Groups) -> Array:
+  """x [R, *out] plus its rows' experts' bias [E, *out]."""
+  rows = jnp.take(bias, groups.tile_expert, axis=0)                  # [K, *out]
+  rows = rows.reshape((rows.shape[0], 1) + rows.shape[1:])
+  return groups.untile(groups.tiles(x) + rows)
+
+
 def expert_init(init: Callable, cfg: ModelConfig) -> Callable:
   """Initialiser of a stacked [E, ...] expert weight from a per-expert `init`.
 

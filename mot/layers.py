@@ -1,5 +1,6 @@
-"""Building blocks: RMSNorm, grouped-query attention with QK-norm and M-RoPE, SwiGLU MLP,
-timestep embedding. Parameters carry logical axis names; no mesh axis appears here.
+"""Building blocks: RMSNorm, grouped-query attention with M-RoPE and optional QK-norm and
+q/k/v biases (Qwen3 has the norm, Qwen2 the biases), SwiGLU MLP, timestep embedding.
+Parameters carry logical axis names; no mesh axis appears here.
 
 Linear, RMSNorm, Attention and SwiGLU take an optional `groups` (`mot.experts.Groups`):
 with it their weights gain a leading "expert" axis, inputs and outputs are in the grouped
@@ -40,31 +41,46 @@ class Linear(nn.Module):
   Unlike nn.DenseGeneral, the kernel is created in its final shape, so its logical axis
   names (one per kernel dim) hold at init time under a mesh. The product's operands are
   rounded to `cfg.matmul_dtype` where it differs from the compute dtype (`mot.matmul`).
+  With `use_bias`, a bias [*out_shape] (zero-initialised) is added in the compute dtype.
   """
   cfg: ModelConfig
   out_shape: tuple[int, ...]
   names: tuple[str, ...]
   in_dims: int = 1            # trailing input dims contracted
   scale: float = 1.0          # init std multiplier
+  use_bias: bool = False
 
   @nn.compact
   def __call__(self, x: Array, groups: experts.Groups | None = None) -> Array:
     in_shape = x.shape[x.ndim - self.in_dims:]
+    dt = self.cfg.compute_dtype
     if groups is not None:
       std = self.scale / math.sqrt(math.prod(in_shape))
       init = experts.expert_init(nn.initializers.truncated_normal(std), self.cfg)
       kernel = self.param("kernel", nn.with_logical_partitioning(init, ("expert", *self.names)),
                           (groups.num_experts, *in_shape, *self.out_shape),
                           self.cfg.params_dtype)
-      dt = self.cfg.compute_dtype
       operand = self.cfg.matmul_operand_dtype
-      return experts.grouped_matmul(x.astype(dt), kernel.astype(dt), groups, self.in_dims,
-                                    None if operand == dt else operand)
+      y = experts.grouped_matmul(x.astype(dt), kernel.astype(dt), groups, self.in_dims,
+                                 None if operand == dt else operand)
+      if self.use_bias:
+        y = experts.expert_bias(y, self._bias(groups.num_experts).astype(dt), groups)
+      return y
     kernel = self.param("kernel", dense_init(math.prod(in_shape), self.names, self.scale),
                         (*in_shape, *self.out_shape), self.cfg.params_dtype)
-    dt = self.cfg.compute_dtype
-    return matmul.linear_matmul(x.astype(dt), kernel.astype(dt), self.in_dims,
-                                self.cfg.matmul_operand_dtype, dt)
+    y = matmul.linear_matmul(x.astype(dt), kernel.astype(dt), self.in_dims,
+                             self.cfg.matmul_operand_dtype, dt)
+    return y + self._bias().astype(dt) if self.use_bias else y
+
+  def _bias(self, num_experts: int | None = None) -> Array:
+    """The bias [*out_shape] ([E, *out_shape] with experts), named like the kernel's
+    output dims."""
+    names = self.names[len(self.names) - len(self.out_shape):]
+    shape = tuple(self.out_shape)
+    if num_experts is not None:
+      names, shape = ("expert", *names), (num_experts, *shape)
+    return self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, names),
+                      shape, self.cfg.params_dtype)
 
 
 class RMSNorm(nn.Module):
@@ -104,12 +120,14 @@ class Attention(nn.Module):
     cfg = self.cfg
     d, h, kv, hd = cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     dt = cfg.compute_dtype
-    q = Linear(cfg, (h, hd), ("embed", "heads", "kv"), name="query")(x, groups)
+    q = Linear(cfg, (h, hd), ("embed", "heads", "kv"), use_bias=cfg.qkv_bias,
+               name="query")(x, groups)
     kv_pair = Linear(cfg, (2, kv, hd), ("embed", "kv_pair", "kv_heads", "kv"),
-                     name="key_value")(x, groups)
+                     use_bias=cfg.qkv_bias, name="key_value")(x, groups)
     k, v = kv_pair[..., 0, :, :], kv_pair[..., 1, :, :]
-    q = RMSNorm(cfg, axis_name="kv", name="query_norm")(q, groups)
-    k = RMSNorm(cfg, axis_name="kv", name="key_norm")(k, groups)
+    if cfg.qk_norm:
+      q = RMSNorm(cfg, axis_name="kv", name="query_norm")(q, groups)
+      k = RMSNorm(cfg, axis_name="kv", name="key_norm")(k, groups)
     if groups is not None:
       q, k, v = groups.combine(q), groups.combine(k), groups.combine(v)
     q, k = rope.rotate(q, *rotary), rope.rotate(k, *rotary)

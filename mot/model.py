@@ -139,42 +139,58 @@ class Backbone(nn.Module):
 
 
 class InputEmbedding(nn.Module):
-  """Token embedding at text positions; patch projection + timestep embedding elsewhere."""
+  """Token embedding at text positions; patch projection + timestep embedding elsewhere.
+
+  `attend(h)` unembeds with the same table (tied input/output embeddings).
+  """
   cfg: ModelConfig
 
-  @nn.compact
+  def setup(self):
+    cfg = self.cfg
+    self.token_embedding = self.param(
+        "token_embedding", nn.with_logical_partitioning(nn.initializers.normal(1.0),
+                                                        ("vocab", "embed")),
+        (cfg.vocab_size, cfg.d_model), cfg.params_dtype)
+    self.patch_projection = self.param(
+        "patch_projection", layers.dense_init(cfg.patch_dim, ("modality", "patch", "embed")),
+        (cfg.num_modalities, cfg.patch_dim, cfg.d_model), cfg.params_dtype)
+
   def __call__(self, inputs: ModelInputs, t_emb: Array) -> Array:
     cfg = self.cfg
-    table = self.param("token_embedding",
-                       nn.with_logical_partitioning(nn.initializers.normal(1.0),
-                                                    ("vocab", "embed")),
-                       (cfg.vocab_size, cfg.d_model), cfg.params_dtype)
     # Looked up whole. A table split over vocab (tensor) or embed (fsdp) while the token
     # ids are split over the batch has no efficient SPMD gather: XLA replicated the
     # gather's result and its gradient instead ("Involuntary full rematerialization").
     # Gathering the table first is what FSDP does for every weight; its gradient is
     # reduce-scattered back to the sharded parameter.
-    table = nn.with_logical_constraint(table, (None, None))
+    table = nn.with_logical_constraint(self.token_embedding, (None, None))
     text = jnp.take(table, inputs.tokens, axis=0).astype(cfg.compute_dtype)
-    proj = self.param("patch_projection",
-                      layers.dense_init(cfg.patch_dim, ("modality", "patch", "embed")),
-                      (cfg.num_modalities, cfg.patch_dim, cfg.d_model), cfg.params_dtype)
     # Every modality's projection of every patch costs M*P*d per token (P is a few dims),
     # far below one block; a one-hot then selects the token's own modality.
     onehot = jax.nn.one_hot(inputs.modality, cfg.num_modalities, dtype=cfg.compute_dtype)
     media = jnp.einsum("blp,mpd,blm->bld", inputs.patches.astype(cfg.compute_dtype),
-                       proj.astype(cfg.compute_dtype), onehot) + t_emb
+                       self.patch_projection.astype(cfg.compute_dtype), onehot) + t_emb
     return jnp.where((inputs.modality == 0)[..., None], text, media)
+
+  def attend(self, h: Array) -> Array:
+    """h [B, L, d] (normed) -> logits [B, L, V] against the token embedding table."""
+    cfg = self.cfg
+    dt = cfg.compute_dtype
+    return matmul.linear_matmul(h.astype(dt), self.token_embedding.T.astype(dt), 1,
+                                cfg.matmul_operand_dtype, dt)
 
 
 class ARHead(nn.Module):
-  """Final RMSNorm + unembedding -> logits float32 [B, L, V]."""
+  """Final RMSNorm + unembedding -> logits float32 [B, L, V]. With tied embeddings
+  (`cfg.tie_embeddings`) the caller passes `unembed`, the embedding's `attend`, and the
+  head holds only its norm."""
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, h: Array) -> Array:
+  def __call__(self, h: Array, unembed=None) -> Array:
     cfg = self.cfg
     h = layers.RMSNorm(cfg, axis_name="embed", name="norm")(h)
+    if unembed is not None:
+      return unembed(h).astype(jnp.float32)
     logits = layers.Linear(cfg, (cfg.vocab_size,), ("embed", "vocab"), name="unembed")(h)
     return logits.astype(jnp.float32)
 
@@ -225,7 +241,11 @@ class MoT(nn.Module):
   def __call__(self, inputs: ModelInputs, cache=None, cache_index=None,
                cache_ids: masks.MaskIds | None = None):
     h, t_emb, new_cache = self.trunk(inputs, cache, cache_index, cache_ids)
-    return self.ar_head(h), self.dm_head(h, t_emb), new_cache
+    return self.ar_logits(h), self.dm_head(h, t_emb), new_cache
+
+  def ar_logits(self, h: Array) -> Array:
+    """The AR head on backbone output h [B, L, d]: float32 [B, L, V]."""
+    return self.ar_head(h, self.embed.attend if self.cfg.tie_embeddings else None)
 
   def trunk(self, inputs: ModelInputs, cache=None, cache_index=None, cache_ids=None):
     """Backbone output [B, L, d], timestep embedding [B, L, d], new cache."""
@@ -244,7 +264,7 @@ class MoT(nn.Module):
   def logits(self, inputs: ModelInputs, cache=None, cache_index=None, cache_ids=None):
     """AR head only (reasoning): float32 [B, L, V] and the new cache."""
     h, _, new_cache = self.trunk(inputs, cache, cache_index, cache_ids)
-    return self.ar_head(h), new_cache
+    return self.ar_logits(h), new_cache
 
   def velocity(self, inputs: ModelInputs, cache=None, cache_index=None, cache_ids=None):
     """DM head only (generation): float32 [B, L, P] and the new cache."""
@@ -257,6 +277,20 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> dict[s
   shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
   dtype = dtype or cfg.compute_dtype
   return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+
+
+def text_inputs(tokens, patch_dim: int) -> ModelInputs:
+  """ModelInputs of rows of text ids int [B, L]: one causal example a row, nothing
+  prepended, positions t = h = w = 0 .. L - 1 (plain RoPE)."""
+  tokens = jnp.asarray(tokens, jnp.int32)
+  b, l = tokens.shape
+  zeros = jnp.zeros((b, l), jnp.int32)
+  return ModelInputs(
+      tokens=tokens, patches=jnp.zeros((b, l, patch_dim), jnp.float32), modality=zeros,
+      positions=jnp.broadcast_to(jnp.arange(l, dtype=jnp.int32)[None, :, None], (b, l, 3)),
+      timesteps=jnp.zeros((b, l), jnp.float32),
+      mask_ids=masks.MaskIds.from_fields(jnp.ones((b, l), jnp.int32), zeros,
+                                         jnp.zeros((b, l), bool)))
 
 
 def inputs_from_batch(batch: dict, patches=None, timesteps=None, keep=None) -> ModelInputs:

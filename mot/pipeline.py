@@ -91,7 +91,7 @@ class Pipeline:
     self.mesh = mesh               # None: one device; else params are sharded over it
     self.rules = sharding.logical_rules(config) if mesh is not None else ()
     self.step = step
-    self.tokenizer = tokenizer_lib.Tokenizer()
+    self.tokenizer = tokenizer_lib.from_config(config)   # validate() has loaded it
     data, sample = config.data, config.sample
     self.dataset = str(data.dataset)
     self.is_video = self.dataset in input_pipeline.VIDEO_DATASETS
@@ -331,7 +331,8 @@ class Pipeline:
     `views` consecutive examples decoded as one ensemble (`sampling.decode`)."""
     rng = jax.random.PRNGKey(seed)
     length = sampling.length_bucket(max(len(ex["tokens"]) for ex in examples))
-    stop = sampling.stop_mask()
+    special = self.tokenizer.special_ids
+    stop = sampling.stop_mask(special, self.model_cfg.vocab_size)
     out = []
     groups = len(examples) // views
     for start, stop_i, batch in sampling.chunks(groups, max(1, MAX_DECODE_BATCH // views)):
@@ -341,11 +342,29 @@ class Pipeline:
       with self.on_mesh():
         tokens, _ = sampling.decode(self.model, self.params, self.place(padded),
                                     max_new_tokens, rng, temperature, top_k, top_p,
-                                    views=views)
+                                    stop_tokens=special, views=views,
+                                    pad_id=self.tokenizer.pad_id, with_logits=False)
       for row in tokens[:rows:views]:
         ends = np.flatnonzero(stop[row])
         out.append([int(t) for t in row[:ends[0] if ends.size else len(row)]])
     return out
+
+  def text_logits(self, token_ids: Any) -> np.ndarray:
+    """AR-head logits float32 [B, L, V] of int token ids [B, L] (or [L]: B = 1) of this
+    checkpoint's tokenizer, nothing prepended: one causal example a row at positions
+    0 .. L - 1. For a converted model (`mot.convert`) the first columns are the
+    pretrained vocabulary, mot's appended special ids after them; such a workdir computes
+    in float32 (its config's model.dtype), as the original does."""
+    ids = np.asarray(token_ids)
+    if ids.ndim == 1:
+      ids = ids[None]
+    if ids.ndim != 2 or ids.size == 0 or not np.issubdtype(ids.dtype, np.integer):
+      raise InputError(f"token_ids must be a non-empty int array [B, L] (or [L]), got "
+                       f"{ids.dtype} {list(ids.shape)}")
+    vocab = self.model_cfg.vocab_size
+    if ids.min() < 0 or ids.max() >= vocab:
+      raise InputError(f"token ids must lie in [0, {vocab}), got {ids.min()}..{ids.max()}")
+    return sampling.text_logits(self.model, self.params, ids)
 
   # -------------------------------------------------------------------------- generate --
   def generate(self, prompt: str | Sequence[str], num_samples: int = 1,

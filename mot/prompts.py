@@ -32,15 +32,14 @@ class PromptBuilder:
   read_window: int           # reading images: the window each patch token carries (0: off)
   video_layout: str          # "clip" (one block) or "frames" (one block a frame)
   action_dim: int            # real dims of an action patch (model.modality_patch_dims[3])
-  tokenizer: tokenizer_lib.Tokenizer = dataclasses.field(
-      default_factory=tokenizer_lib.Tokenizer)
+  tokenizer: tokenizer_lib.Tokenizer = tokenizer_lib.BYTE_TOKENIZER   # the run's
   # Latent runs: images [..., H, W, 3] in [0, 1] -> the VAE's scaled latents [..., h, w, C]
   # (then image_size is (h, w) and channels C); None: pixels in [-1, 1].
   encode: Callable[[np.ndarray], np.ndarray] | None = None
 
   def _start(self) -> SequenceBuilder:
-    b = SequenceBuilder(self.patch_dim)
-    b.add_text([tokenizer_lib.BOS])
+    b = SequenceBuilder(self.patch_dim, self.tokenizer)
+    b.add_text([self.tokenizer.bos_id])
     return b
 
   def _patches(self, unit: np.ndarray) -> np.ndarray:

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from mot import diffusion, masks, tokenizer
-from mot.model import MoT, ModelInputs, init_cache
+from mot.model import MoT, ModelInputs, init_cache, text_inputs
 
 Array = jax.Array
 
@@ -127,9 +127,11 @@ def split_block(example: dict[str, np.ndarray]) -> tuple[dict, dict]:
   return prefix, block
 
 
-def stop_mask(stop_tokens: Sequence[int] | None = None) -> np.ndarray:
-  """bool [V]: the ids that end decoding (default: EOS and every other special id)."""
-  mask = np.zeros(tokenizer.VOCAB_SIZE, bool)
+def stop_mask(stop_tokens: Sequence[int] | None = None,
+              vocab_size: int = tokenizer.VOCAB_SIZE) -> np.ndarray:
+  """bool [vocab_size]: the ids that end decoding (default: the byte tokenizer's EOS and
+  every other special id)."""
+  mask = np.zeros(vocab_size, bool)
   if stop_tokens is None:
     mask[:tokenizer.BYTE_OFFSET] = True  # EOS; a marker or BOS also ends a text answer.
   else:
@@ -217,13 +219,26 @@ def _token_inputs(tokens: Array, positions: Array, mask_ids: masks.MaskIds,
       timesteps=jnp.zeros((b, 1), jnp.float32), mask_ids=mask_ids)
 
 
-@functools.lru_cache(maxsize=32)
-def _decode_fn(model: MoT, max_new_tokens: int, views: int = 1):
-  """Jitted (params, batch, rng, temperature, top_k, top_p, stop, limit) -> (tokens,
-  logits) for up to `max_new_tokens` (static: shapes) and `limit` (traced) tokens;
-  `views` (static) groups rows into ensembles (see `decode`)."""
+@functools.lru_cache(maxsize=8)
+def _text_logits_fn(model: MoT):
+  return jax.jit(lambda params, tokens: model.apply(
+      {"params": params}, text_inputs(tokens, model.cfg.patch_dim), method=MoT.logits)[0])
 
-  def run(params, batch, rng, temperature, top_k, top_p, stop, limit):
+
+def text_logits(model: MoT, params, tokens: np.ndarray) -> np.ndarray:
+  """AR-head logits float32 [B, L, V] of rows of text ids int [B, L] (`text_inputs`: one
+  causal example a row, nothing prepended, positions 0 .. L - 1), in one forward pass."""
+  return np.asarray(_text_logits_fn(model)(params, jnp.asarray(tokens, jnp.int32)))
+
+
+@functools.lru_cache(maxsize=32)
+def _decode_fn(model: MoT, max_new_tokens: int, views: int = 1, with_logits: bool = True):
+  """Jitted (params, batch, rng, temperature, top_k, top_p, stop, limit, pad) -> (tokens,
+  logits) for up to `max_new_tokens` (static: shapes) and `limit` (traced) tokens;
+  `views` (static) groups rows into ensembles (see `decode`); without `with_logits` the
+  logits are not kept ([B, 1, V] zeros: a large vocabulary's [B, N, V] is gigabytes)."""
+
+  def run(params, batch, rng, temperature, top_k, top_p, stop, limit, pad):
     b, lp = batch["tokens"].shape
     n = max_new_tokens
     cache_len = lp + n - 1
@@ -239,15 +254,16 @@ def _decode_fn(model: MoT, max_new_tokens: int, views: int = 1):
       row_id = jnp.repeat(batch["row_id"][::views], views)
       keys = _row_keys(rng, row_id, step)
       tok = sample_logits(logits, keys, temperature, top_k, top_p)
-      tok = jnp.where(done, tokenizer.PAD, tok)
+      tok = jnp.where(done, pad, tok)
       return tok, done | stop[tok]
 
     # Rows that are all padding (batch filler) count as stopped from the start.
     first = ensemble_logits(logits[:, -1], views)
     tok, done = pick(first, 0, batch["segment_ids"][:, -1] == 0)
     tokens = jnp.zeros((b, n), jnp.int32).at[:, 0].set(tok)
-    # The logits each token was drawn from (cheap at this vocabulary; tests compare them).
-    all_logits = jnp.zeros((b, n, logits.shape[-1]), jnp.float32).at[:, 0].set(first)
+    # The logits each token was drawn from (tests compare them).
+    all_logits = jnp.zeros((b, n if with_logits else 1, logits.shape[-1]), jnp.float32)
+    all_logits = all_logits.at[:, 0].set(first)
 
     def cond(carry):
       i, _, _, done, _ = carry
@@ -265,8 +281,9 @@ def _decode_fn(model: MoT, max_new_tokens: int, views: int = 1):
       logits = ensemble_logits(logits[:, -1], views)
       tok, new_done = pick(logits, i, done)
       tokens = jax.lax.dynamic_update_slice_in_dim(tokens, tok[:, None], i, axis=1)
-      all_logits = jax.lax.dynamic_update_slice_in_dim(all_logits, logits[:, None], i,
-                                                       axis=1)
+      if with_logits:
+        all_logits = jax.lax.dynamic_update_slice_in_dim(all_logits, logits[:, None], i,
+                                                         axis=1)
       return i + 1, cache, tokens, new_done, all_logits
 
     carry = (jnp.int32(1), cache, tokens, done, all_logits)
@@ -279,13 +296,16 @@ def _decode_fn(model: MoT, max_new_tokens: int, views: int = 1):
 def decode(model: MoT, params, batch: dict[str, np.ndarray], max_new_tokens: int,
            rng: Array | int = 0, temperature: float = 0.0, top_k: int = 0,
            top_p: float = 1.0, stop_tokens: Sequence[int] | None = None,
-           views: int = 1) -> tuple[np.ndarray, np.ndarray]:
+           views: int = 1, pad_id: int = tokenizer.PAD, with_logits: bool = True
+           ) -> tuple[np.ndarray, np.ndarray | None]:
   """Decodes up to max_new_tokens after each prompt of a `pad_left` batch.
 
   Returns (tokens int32 [B, max_new_tokens], logits float32 [B, max_new_tokens, V]):
   row b's i-th token was drawn from logits[b, i]. After a row's stop token its remaining
-  tokens are PAD (the stop token itself is kept); once every row has stopped the loop
-  ends and the remaining logits are zeros.
+  tokens are `pad_id` (the stop token itself is kept); once every row has stopped the
+  loop ends and the remaining logits are zeros (None without `with_logits`).
+  `stop_tokens` defaults to the byte tokenizer's special ids; a run with another
+  tokenizer passes its `special_ids`.
 
   views > 1 decodes an ensemble: rows come in consecutive groups of `views` (e.g. one
   image seen shifted several ways, test-time augmentation) that share one answer. Each
@@ -301,13 +321,14 @@ def decode(model: MoT, params, batch: dict[str, np.ndarray], max_new_tokens: int
   if isinstance(rng, int):
     rng = jax.random.PRNGKey(rng)
   # Shapes are bucketed (multiples of 16 tokens) so that most calls share one compile.
-  fn = _decode_fn(model, round_up(int(max_new_tokens), 16), int(views))
+  fn = _decode_fn(model, round_up(int(max_new_tokens), 16), int(views), bool(with_logits))
   arrays = {k: jnp.asarray(v) for k, v in batch.items()}
   tokens, logits = fn(params, arrays, rng, jnp.float32(temperature), jnp.int32(top_k),
-                      jnp.float32(top_p), jnp.asarray(stop_mask(stop_tokens)),
-                      jnp.int32(max_new_tokens))
+                      jnp.float32(top_p),
+                      jnp.asarray(stop_mask(stop_tokens, model.cfg.vocab_size)),
+                      jnp.int32(max_new_tokens), jnp.int32(pad_id))
   n = int(max_new_tokens)
-  return np.asarray(tokens)[:, :n], np.asarray(logits)[:, :n]
+  return np.asarray(tokens)[:, :n], np.asarray(logits)[:, :n] if with_logits else None
 
 
 # ----------------------------------------------------------------------------------------

@@ -187,8 +187,10 @@ def apply_update(state: TrainState, grads, tx, config) -> TrainState:
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   decay = ema_decay(state.step, config.ema_decay)
-  # Kept in the parameters' dtype (the float32 decay would promote bf16 parameters).
-  ema = jax.tree.map(lambda e, p: (decay * e + (1.0 - decay) * p).astype(e.dtype),
+  # e + (1 - decay) (p - e): the same average, and exactly e where p == e, so frozen
+  # weights (config.freeze_understanding) stay bit-identical in the EMA too. Kept in the
+  # parameters' dtype (the float32 decay would promote bf16 parameters).
+  ema = jax.tree.map(lambda e, p: (e + (1.0 - decay) * (p - e)).astype(e.dtype),
                      state.ema_params, params)
   return state.replace(params=params, opt_state=opt_state, ema_params=ema)
 

@@ -19,7 +19,7 @@ from absl import logging
 from mot import checkpoint as ckpt_lib
 from mot import config as config_lib
 from mot import config_upgrade
-from mot import evaluate, plot, sharding, summary
+from mot import evaluate, plot, sharding, summary, tokenizer, warm_start
 from mot.data import auto_config, input_pipeline, packing
 from mot.errors import TrainingError  # noqa: F401  (raised here; also mot.train_lib's name)
 from mot.pipeline import Pipeline
@@ -49,8 +49,9 @@ def pack_rows(examples: list[dict], seq_len: int, per_row: int) -> list[dict]:
 
 def heldout_batches(config, batch_size: int) -> list[dict[str, np.ndarray]]:
   """The held-out examples (generation and reasoning tasks), packed into full batches."""
-  examples = (input_pipeline.heldout_examples(config.data, "generation")
-              + input_pipeline.heldout_examples(config.data, "reasoning"))
+  tok = tokenizer.from_config(config)
+  examples = (input_pipeline.heldout_examples(config.data, "generation", tok)
+              + input_pipeline.heldout_examples(config.data, "reasoning", tok))
   rows = pack_rows(examples, config.data.seq_len, config.data.examples_per_row)
   empty = {k: np.zeros_like(v) for k, v in rows[0].items()}
   while len(rows) % batch_size:
@@ -70,7 +71,7 @@ def process_train_dataset(config, mesh):
   """
   index, count = sharding.data_shard(mesh, config.batch_size)
   return input_pipeline.make_train_dataset(config.data, config.seed, config.batch_size // count,
-                                     index, count)
+                                           index, count, tokenizer.from_config(config))
 
 
 def global_tokens(local: dict[str, np.ndarray], batch_size: int) -> int:
@@ -228,6 +229,11 @@ def start_run(config, workdir: str) -> tuple[Run, TrainState, Array, list]:
     state, step_rng = restored["state"]["state"], restored["state"]["rng"]
     history = restored["log"]["history"]
     logging.info("Resumed from step %d", int(state.step))
+  elif config.init_from:
+    params = warm_start.initial_params(config, training.state_shardings.params)
+    # The EMA its own copy: the step donates both, and one buffer cannot be donated twice.
+    state = state.replace(params=params, ema_params=jax.tree.map(lambda x: x.copy(), params))
+    logging.info("Starting from the weights of %s", config.init_from)
   run = Run(mesh=training.mesh, p_train_step=training.p_train_step,
             p_eval_step=training.p_eval_step, eval_rng=training.eval_rng,
             data_iter=data_iter, manager=manager, log=MetricsLog(workdir, int(state.step)))
@@ -237,6 +243,7 @@ def start_run(config, workdir: str) -> tuple[Run, TrainState, Array, list]:
 def train_and_evaluate(config, workdir: str) -> TrainState:
   """Trains `config` in `workdir`, resuming from its newest checkpoint; returns the state."""
   run_start = time.perf_counter()
+  config = warm_start.resolve(config)   # the model fields of config.init_from, if any
   auto_config.fill_from_data(config)  # image size, channels, ... left to the data
   config_lib.validate(config)   # bad values fail before anything is built or written
   if os.path.exists(workdir) and not os.path.isdir(workdir):

@@ -9,9 +9,9 @@ BASE = dict(
     rope_theta=10000.0, rope_interleaved=True, time_embed_dim=256, experts="shared",
     expert_impl="auto", expert_tile=256, init_generation_from_understanding=False,
     scan_layers=True, scan_unroll=1, remat_policy="none", dtype="float32",
-    matmul_dtype="same", param_dtype="float32", norm_eps=1e-6, dropout_rate=0.0,
-    attention_impl="auto", attention_block_q=512, attention_block_kv=512,
-    attention_blockwise_min_length=1024)
+    matmul_dtype="same", param_dtype="float32", norm_eps=1e-6, qkv_bias=False, qk_norm=True,
+    tie_embeddings=False, dropout_rate=0.0, attention_impl="auto", attention_block_q=512,
+    attention_block_kv=512, attention_blockwise_min_length=1024)
 
 
 def model_config(**overrides) -> ModelConfig:

@@ -12,7 +12,7 @@ from mot.data import packing
 from mot.data import input_pipeline
 from mot.data import tasks
 
-T = tok.Tokenizer()
+T = tok.ByteTokenizer()
 OPTIONS = tasks.TaskOptions(patch_size=2, patch_dim=4)
 
 

@@ -222,3 +222,87 @@ def test_cached_attention_equals_attention_over_updated_cache(cache_index, new):
   chex.assert_trees_all_close(np.asarray(got)[seen], np.asarray(want)[seen], atol=1e-5,
                               rtol=1e-5)
   assert not seen[0, 0] and np.all(np.isfinite(np.asarray(got)))
+
+
+# ---- Fields for pretrained checkpoints (Qwen2 biases, Qwen3 QK-norm, tied embeddings). ----
+def param_shapes(cfg):
+  from flax import linen as nn
+  batch = jax.tree.map(jnp.asarray, layout_batch(False))
+  params = jax.eval_shape(lambda r: nn.meta.unbox(
+      MoT(cfg).init(r, inputs_from_batch(batch))["params"]), jax.random.PRNGKey(0))
+  return {"/".join(str(k.key) for k in path): leaf.shape
+          for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
+
+
+BLOCK = "backbone/layers/block/"
+# The parameter tree of every checkpoint written before these fields existed (CFG's sizes):
+# their defaults must keep it, so that old checkpoints restore.
+DEFAULT_TREE = {
+    "ar_head/norm/scale": (64,), "ar_head/unembed/kernel": (64, 272),
+    BLOCK + "attention/key_norm/scale": (2, 16),
+    BLOCK + "attention/key_value/kernel": (2, 64, 2, 2, 16),
+    BLOCK + "attention/out/kernel": (2, 4, 16, 64),
+    BLOCK + "attention/query/kernel": (2, 64, 4, 16),
+    BLOCK + "attention/query_norm/scale": (2, 16),
+    BLOCK + "attention_norm/scale": (2, 64), BLOCK + "mlp/wi/kernel": (2, 64, 2, 128),
+    BLOCK + "mlp/wo/kernel": (2, 128, 64), BLOCK + "mlp_norm/scale": (2, 64),
+    "dm_head/modulation/bias": (128,), "dm_head/modulation/kernel": (64, 128),
+    "dm_head/out/kernel": (64, 4), "dm_head/out_bias": (4,),
+    "embed/patch_projection": (4, 4, 64), "embed/token_embedding": (272, 64),
+    "time_embedding/fc1/bias": (64,), "time_embedding/fc1/kernel": (32, 64),
+    "time_embedding/fc2/bias": (64,), "time_embedding/fc2/kernel": (64, 64),
+}
+
+
+def test_default_fields_keep_the_parameter_tree():
+  assert param_shapes(CFG) == DEFAULT_TREE
+
+
+def test_pretrained_fields_change_only_their_parameters():
+  import dataclasses
+  qwen2 = param_shapes(dataclasses.replace(CFG, qkv_bias=True, qk_norm=False))
+  expected = {k: v for k, v in DEFAULT_TREE.items() if "_norm/scale" not in k
+              or "attention_norm" in k or "mlp_norm" in k}
+  expected.update({BLOCK + "attention/query/bias": (2, 4, 16),
+                   BLOCK + "attention/key_value/bias": (2, 2, 2, 16)})
+  assert qwen2 == expected
+  tied = param_shapes(dataclasses.replace(CFG, tie_embeddings=True))
+  assert tied == {k: v for k, v in DEFAULT_TREE.items() if k != "ar_head/unembed/kernel"}
+
+
+def test_tied_head_unembeds_with_the_token_embedding():
+  import dataclasses
+  cfg = dataclasses.replace(CFG, tie_embeddings=True)
+  batch = jax.tree.map(jnp.asarray, layout_batch(False))
+  model = MoT(cfg)
+  from flax import linen as nn
+  params = jax.jit(lambda r: nn.meta.unbox(
+      model.init(r, inputs_from_batch(batch))["params"]))(jax.random.PRNGKey(0))
+  logits, h = jax.jit(lambda p: (model.apply({"params": p}, inputs_from_batch(batch))[0],
+                                 model.apply({"params": p}, inputs_from_batch(batch),
+                                             method=MoT.trunk)[0]))(params)
+  h = np.asarray(h, np.float64)
+  normed = h / np.sqrt(np.mean(h * h, -1, keepdims=True) + cfg.norm_eps)
+  normed *= np.asarray(params["ar_head"]["norm"]["scale"])
+  expected = normed @ np.asarray(params["embed"]["token_embedding"], np.float64).T
+  np.testing.assert_allclose(np.asarray(logits), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_qkv_biases_route_per_expert_like_the_shared_model():
+  """A "mode" model whose experts both equal a shared model's block (biases included)
+  computes what the shared model computes, noised tokens (the generation expert) too."""
+  import dataclasses
+  from flax import linen as nn
+  from mot import experts
+  shared_cfg = dataclasses.replace(CFG, qkv_bias=True, qk_norm=False)
+  mode_cfg = dataclasses.replace(shared_cfg, experts="mode")
+  batch = jax.tree.map(jnp.asarray, layout_batch(True))
+  shared = jax.jit(lambda r: nn.meta.unbox(MoT(shared_cfg).init(
+      r, inputs_from_batch(batch))["params"]))(jax.random.PRNGKey(0))
+  shared = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.PRNGKey(2), p.shape),
+                        shared)   # non-zero biases and modulation
+  out_shared = jax.jit(lambda p: MoT(shared_cfg).apply({"params": p},
+                                                       inputs_from_batch(batch)))(shared)
+  out_mode = jax.jit(lambda p: MoT(mode_cfg).apply({"params": p}, inputs_from_batch(batch)))(
+      experts.expand_shared(shared, mode_cfg))
+  chex.assert_trees_all_close(out_mode[:2], out_shared[:2], atol=1e-5)

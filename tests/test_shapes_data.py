@@ -323,7 +323,7 @@ def test_texts_fit_the_byte_tokenizer():
   lengths = shapes.max_text_tokens()
   assert lengths == {"caption": 45, "question": 53, "answer": 45, "draw_prompt": 43,
                      "draw_answer": 23, "text": 96}
-  t = tok.Tokenizer()
+  t = tok.ByteTokenizer()
   for req in grammar.all_requirements(OPTIONS.all_types):
     text = grammar.caption_text(req)
     assert text.isascii() and t.decode(t.encode(text, eos=True)) == text

@@ -1,6 +1,9 @@
-"""Tests for the byte-level tokenizer and the modality registry."""
+"""Tests for the tokenizers (bytes and tokenizer.json) and the modality registry."""
+import os
+
 import numpy as np
 import pytest
+import tokenizers
 
 from mot import modalities
 from mot import tokenizer as tok
@@ -8,7 +11,7 @@ from mot import tokenizer as tok
 
 @pytest.fixture(name="t")
 def _tokenizer():
-  return tok.Tokenizer()
+  return tok.ByteTokenizer()
 
 
 @pytest.mark.parametrize("text", ["", "a handwritten digit 7", "héllo wörld ✓ 数字 🙂"])
@@ -57,3 +60,68 @@ def test_modality_registry():
              for x in markers)
   with pytest.raises(KeyError):
     modalities.by_id(modalities.TEXT)
+
+
+# ---- The interface, the tokenizer.json tokenizer and from_config. ----
+GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "golden")
+
+
+def hf(name, vocab):
+  return tok.HFTokenizer(os.path.join(GOLDEN, name, "tokenizer.json"), vocab)
+
+
+def test_both_tokenizers_implement_the_interface():
+  for t in (tok.ByteTokenizer(), hf("qwen3_tied", 327)):
+    assert isinstance(t, tok.Tokenizer)
+    assert {t.bos_id, t.eos_id, t.pad_id} <= set(t.special_ids)
+    assert all(0 <= i < t.vocab_size for i in t.special_ids)
+    assert t.decode(t.encode("draw a 7", bos=True, eos=True) + t.encode("x")) == "draw a 7"
+
+
+def test_named_specials_are_kept_and_the_rest_appended():
+  # qwen3_tied's tokenizer_config.json names EOS and PAD; the model has 320 rows.
+  assert tok.appended_names(os.path.join(GOLDEN, "qwen3_tied", "tokenizer.json")) == [
+      "bos", "image_begin", "image_end", "video_begin", "video_end", "action_begin",
+      "action_end"]
+  t = hf("qwen3_tied", 327)
+  vocab = tokenizers.Tokenizer.from_file(os.path.join(GOLDEN, "qwen3_tied", "tokenizer.json"))
+  assert (t.eos_id, t.pad_id) == (vocab.token_to_id("<|im_end|>"),
+                                  vocab.token_to_id("<|endoftext|>"))
+  assert t.text_vocab_size == 320 and t.bos_id == 320
+  assert [t.begin("image"), t.end("image"), t.begin("action"), t.end("action")] == [
+      321, 322, 325, 326]
+  # qwen2_untied's names EOS only: BOS and PAD are appended.
+  t = hf("qwen2_untied", 308)
+  assert (t.bos_id, t.pad_id, t.begin("image")) == (300, 301, 302)
+
+
+def test_hf_decode_stops_at_eos_and_skips_specials_and_unused_rows():
+  t = hf("qwen3_tied", 327)
+  text = "Two heads sit on top."
+  ids = t.encode(text)
+  assert len(ids) < len(text) and t.decode(ids) == text
+  noisy = [t.bos_id, t.begin("image"), *ids[:3], 310, t.pad_id, *ids[3:], t.eos_id, *ids]
+  assert t.decode(noisy) == text
+  with pytest.raises(ValueError, match="outside the vocabulary"):
+    t.decode([327])
+
+
+def test_from_config_and_its_errors(tmp_path):
+  import ml_collections
+  config = ml_collections.ConfigDict({"tokenizer": "bytes", "model": {"vocab_size": 272}})
+  assert isinstance(tok.from_config(config), tok.ByteTokenizer)
+  config.model.vocab_size = 300
+  with pytest.raises(ValueError, match="byte tokenizer has 272"):
+    tok.from_config(config)
+  config.tokenizer = os.path.join(GOLDEN, "qwen3_tied", "tokenizer.json")
+  with pytest.raises(ValueError, match="must cover the tokenizer"):
+    tok.from_config(config)        # 300 - 7 appended < the file's 300 tokens
+  config.model.vocab_size = 327
+  assert tok.from_config(config).vocab_size == 327
+  config.tokenizer = str(tmp_path / "nope.json")
+  with pytest.raises(ValueError, match="does not exist"):
+    tok.from_config(config)
+  (tmp_path / "bad.json").write_text("{not json")
+  config.tokenizer = str(tmp_path / "bad.json")
+  with pytest.raises(ValueError, match="cannot read"):
+    tok.from_config(config)

@@ -16,7 +16,7 @@ from mot.data import digits
 from mot.data import input_pipeline
 from mot.data import user_data
 
-T = tok.Tokenizer()
+T = tok.ByteTokenizer()
 # (size (W, H), mode, file extension): odd sizes, colour modes, alpha, 16-bit, JPEG.
 IMAGES = [((20, 12), "RGB", "jpg"), ((8, 8), "L", "png"), ((33, 40), "RGBA", "png"),
           ((16, 16), "P", "png"), ((10, 10), "I;16", "png"), ((64, 48), "1", "png")]

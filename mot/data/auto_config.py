@@ -99,7 +99,7 @@ def fill_from_data(config: Any) -> str | None:
     chosen.append(f"modality_patch_dims {tuple(config.model.modality_patch_dims)}")
   if "config.sample.max_new_tokens" in unset:
     longest = _need(scan, data, "sample.max_new_tokens").longest_caption
-    config.sample.max_new_tokens = len(tokenizer_lib.Tokenizer().encode(longest)) + 1
+    config.sample.max_new_tokens = len(tokenizer_lib.from_config(config).encode(longest)) + 1
     chosen.append(f"sample.max_new_tokens {config.sample.max_new_tokens} (the longest "
                   "caption and its EOS)")
   line = f"{data.dataset} {data.path}: from the data, " + "; ".join(chosen)

@@ -14,7 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from mot import modalities
-from mot import tokenizer
+from mot import tokenizer as tokenizer_lib
 
 _FRAME_ROLES = ("given", "clean", "noised", "forced")  # see SequenceBuilder.add_video_frames
 # Field name -> dtype of every array `build` returns (packing adds `segment_ids`).
@@ -40,13 +40,16 @@ class SequenceBuilder:
   tokens, which are causal text tokens and never loss targets; each block gets its own
   block id 1, 2, ... so attention is bidirectional inside it (docs/design.md §1).
   Tokens accumulate in Python lists (examples are short, appends are many) and become
-  arrays once, in `build`.
+  arrays once, in `build`. `tokenizer` gives the markers' and PAD's ids and the range of
+  valid ids (the byte tokenizer unless a run's `mot.tokenizer.from_config` is passed).
   """
 
-  def __init__(self, patch_dim: int):
+  def __init__(self, patch_dim: int,
+               tokenizer: tokenizer_lib.Tokenizer = tokenizer_lib.BYTE_TOKENIZER):
     if patch_dim < 1:
       raise ValueError(f"patch_dim must be positive, got {patch_dim}")
     self.patch_dim = patch_dim
+    self.tokenizer = tokenizer
     self._columns: dict[str, list] = {k: [] for k in _COLUMNS}
     self._positions: list = []                       # (t, h, w) per token.
     self._patches: list[tuple[int, np.ndarray]] = []  # (first token index, rows [m, p]).
@@ -75,8 +78,9 @@ class SequenceBuilder:
       cond: the tokens are conditioning that classifier-free guidance may blank.
     """
     ids = [int(i) for i in ids]
-    if any(not 0 <= i < tokenizer.VOCAB_SIZE for i in ids):
-      raise ValueError(f"text ids must lie in [0, {tokenizer.VOCAB_SIZE}), got {ids}")
+    vocab = self.tokenizer.vocab_size
+    if any(not 0 <= i < vocab for i in ids):
+      raise ValueError(f"text ids must lie in [0, {vocab}), got {ids}")
     s = self._next_position
     self._append(ids, [(p, p, p) for p in range(s, s + len(ids))], loss=loss, cond=cond)
     self._next_position += len(ids)
@@ -135,7 +139,7 @@ class SequenceBuilder:
     modality = modalities.get("video")
     self._check_rows("video", frames.reshape(-1, frames.shape[-1]))
     rows = frames.reshape(t, hp * wp, -1)
-    self.add_text([modality.begin_token])
+    self.add_text([self.tokenizer.begin(modality.name)])
     start = self._next_position
     grid = _grid_offsets(1, hp, wp)
     for k, role in enumerate(roles):
@@ -146,7 +150,7 @@ class SequenceBuilder:
         self._append_block(modality, rows[k], positions, noised, cond=role == "given",
                            weight=weights[k])
     self._next_position = start + max(t, hp, wp)
-    self.add_text([modality.end_token])
+    self.add_text([self.tokenizer.end(modality.name)])
 
   def add_action(self, actions: np.ndarray, noised: bool, cond: bool = False) -> None:
     """Appends an action chunk of float [K, a] (K steps) as one block."""
@@ -190,11 +194,11 @@ class SequenceBuilder:
     """Appends begin marker, block rows [m, p] at start + offsets [m, 3], end marker."""
     modality = modalities.get(name)
     self._check_rows(name, rows)
-    self.add_text([modality.begin_token])
+    self.add_text([self.tokenizer.begin(name)])
     start = self._next_position
     self._append_block(modality, rows, (start + offsets).tolist(), noised, cond)
     self._next_position = start + span
-    self.add_text([modality.end_token])
+    self.add_text([self.tokenizer.end(name)])
 
   def _check_rows(self, name: str, rows: np.ndarray) -> None:
     if rows.shape[0] == 0:
@@ -209,7 +213,7 @@ class SequenceBuilder:
     a noised block's dm_mask is its loss weight."""
     self._num_blocks += 1
     self._patches.append((len(self), rows))
-    self._append([tokenizer.PAD] * rows.shape[0], positions, modality=modality.id,
+    self._append([self.tokenizer.pad_id] * rows.shape[0], positions, modality=modality.id,
                  block=self._num_blocks, noised=noised, cond=cond, weight=weight)
 
   def _append(self, tokens: list[int], positions: list, modality: int = modalities.TEXT,

@@ -35,6 +35,8 @@ from mot.data import tasks
 from mot.data import user_data
 from mot.data import user_video
 from mot.errors import field
+from mot.tokenizer import BYTE_TOKENIZER as BYTES
+from mot.tokenizer import Tokenizer
 
 EPOCHS = 10**12 // 2000  # ~5e8 epochs of the digits: more than any run consumes
 DATASETS = ("digits", "moving_digits", "shapes", "image_folder", "array_record",
@@ -50,7 +52,8 @@ DATASET_MEDIA = {**{name: "video" for name in VIDEO_DATASETS},
 
 
 def make_train_dataset(data_config: Any, seed: int, batch_size: int,
-                       shard_index: int = 0, shard_count: int = 1) -> grain.IterDataset:
+                       shard_index: int = 0, shard_count: int = 1,
+                       tokenizer: Tokenizer = BYTES) -> grain.IterDataset:
   """Infinite, deterministic, resumable batches of packed training rows.
 
   Args:
@@ -63,12 +66,14 @@ def make_train_dataset(data_config: Any, seed: int, batch_size: int,
     shard_index, shard_count: this process's share of rows (multi-host: process
       index and count): block shard_index of the global batch of
       batch_size * shard_count rows, which does not depend on shard_count.
+    tokenizer: the run's (`mot.tokenizer.from_config(config)`); the byte tokenizer of
+      the bundled configs by default.
   Returns:
     IterDataset of dicts: every `SequenceBuilder` field plus `segment_ids`, numpy
     arrays [batch_size, seq_len, ...] (`patches` float32 [B, L, patch_dim],
     `positions` int32 [B, L, 3], the rest [B, L]).
   """
-  options = validate(data_config)
+  options = validate(data_config, tokenizer=tokenizer)
   names, probs = _task_mixture(data_config)
   pairs = train_pairs(data_config)
   shuffle_seed, map_seed = (int(s) for s in np.random.SeedSequence(seed).generate_state(2))
@@ -94,7 +99,8 @@ def make_train_dataset(data_config: Any, seed: int, batch_size: int,
   return it_ds
 
 
-def heldout_examples(data_config: Any, task: str) -> list[dict[str, np.ndarray]]:
+def heldout_examples(data_config: Any, task: str, tokenizer: Tokenizer = BYTES
+                     ) -> list[dict[str, np.ndarray]]:
   """Unpadded examples of `task` for every held-out image, in `heldout_labels` order.
 
   Never augmented; a task's text variant is drawn from an rng seeded by the image's
@@ -104,8 +110,9 @@ def heldout_examples(data_config: Any, task: str) -> list[dict[str, np.ndarray]]
     task = moving_digits.HELDOUT_ALIASES.get(task, task)
   if data_config.dataset in PROCEDURAL_DATASETS:  # fixed evaluation sets, no pairs
     task = shapes_tasks.HELDOUT_ALIASES.get(task, task)
-    return shapes_tasks.heldout_examples(task, validate(data_config, task_names=(task,)))
-  options = validate(data_config, task_names=(task,))
+    return shapes_tasks.heldout_examples(
+        task, validate(data_config, task_names=(task,), tokenizer=tokenizer))
+  options = validate(data_config, task_names=(task,), tokenizer=tokenizer)
   pairs, build = heldout_pairs(data_config), _build_fn(data_config)
   examples = []
   for i in range(len(pairs)):
@@ -245,8 +252,10 @@ def _check_read_window(data_config: Any, size: int, p: int, patch_dim: int) -> i
   return window
 
 
-def validate(data_config: Any, task_names: tuple[str, ...] | None = None) -> tasks.TaskOptions:
-  """Checks data_config; returns the TaskOptions. Errors are one line naming the field."""
+def validate(data_config: Any, task_names: tuple[str, ...] | None = None,
+             tokenizer: Tokenizer = BYTES) -> tasks.TaskOptions:
+  """Checks data_config; returns the TaskOptions (which carry `tokenizer`, the run's).
+  Errors are one line naming the field."""
   dataset = _f(data_config, "dataset")
   if dataset not in DATASETS:
     raise ValueError(f"config.data.dataset={dataset!r} is unknown; known: {DATASETS}")
@@ -258,7 +267,7 @@ def validate(data_config: Any, task_names: tuple[str, ...] | None = None) -> tas
                       "pairs: set config.data.num_heldout instead and leave "
                       "validation_size at 0"))
   if dataset in PROCEDURAL_DATASETS:
-    options = shapes_tasks.validate(data_config)
+    options = shapes_tasks.validate(data_config, tokenizer)
     task_names = _check_media(data_config, task_names)
     _check_lengths(data_config, options, task_names)
     return options
@@ -275,7 +284,7 @@ def validate(data_config: Any, task_names: tuple[str, ...] | None = None) -> tas
   if dataset not in DIGIT_DATASETS:
     _check_latent_cache(data_config)
     media.update(channels=channels, question=_question(data_config))
-  options = tasks.TaskOptions(patch_size=p, patch_dim=patch_dim, **media)
+  options = tasks.TaskOptions(patch_size=p, patch_dim=patch_dim, tokenizer=tokenizer, **media)
   task_names = _check_media(data_config, task_names)
   _check_lengths(data_config, options, task_names)
   return options

@@ -71,7 +71,8 @@ VIDEO_LAYOUTS = ("clip", "frames")
 # position, or "grid": on the patch grid (multiples of patch_size on each axis), so frame
 # 0 is a digit cut into whole patches, as in the image task; the other tasks start anywhere.
 GENERATION_STARTS = ("any", "grid")
-_TOKENIZER = tokenizer_lib.Tokenizer()
+Tokenizer = tokenizer_lib.Tokenizer
+BYTES = tokenizer_lib.BYTE_TOKENIZER
 
 
 def caption(label: int, direction: str) -> str:
@@ -262,41 +263,43 @@ def add_frames(b: SequenceBuilder, patches: np.ndarray, layout: str,
 
 
 def video_generation_example(clip: Clip, label: int, patch_size: int, patch_dim: int,
-                             layout: str = "frames", first_frame_weight: float = 1.0
-                             ) -> dict[str, np.ndarray]:
+                             layout: str = "frames", first_frame_weight: float = 1.0,
+                             tokenizer: Tokenizer = BYTES) -> dict[str, np.ndarray]:
   """Caption -> clip: BOS, caption (AR target, CFG conditioning), noised clip, EOS.
 
   Frame by frame, only frame 0 is drawn from the caption alone (every later frame moves
   the one before it), so `first_frame_weight` can weigh its loss up
   (config.data.first_frame_weight; docs/results.md compares it with more examples).
   """
-  b = SequenceBuilder(patch_dim)
-  b.add_text([tokenizer_lib.BOS])
-  b.add_text(_TOKENIZER.encode(caption(label, clip.direction)), loss=True, cond=True)
+  b = SequenceBuilder(patch_dim, tokenizer)
+  b.add_text([tokenizer.bos_id])
+  b.add_text(tokenizer.encode(caption(label, clip.direction)), loss=True, cond=True)
   add_frames(b, frame_patches(clip.frames, patch_size), layout, first_frame_weight)
-  b.add_text([tokenizer_lib.EOS], loss=True)
+  b.add_text([tokenizer.eos_id], loss=True)
   return b.build()
 
 
 def first_frame_example(clip: Clip, label: int, patch_size: int, patch_dim: int,
-                        layout: str = "frames") -> dict[str, np.ndarray]:
+                        layout: str = "frames", tokenizer: Tokenizer = BYTES
+                        ) -> dict[str, np.ndarray]:
   """Caption -> the clip's first frame alone: caption -> clip cut after frame 0 (same
   caption, positions and block as that frame there, so the sampler's first step is this
   example). Frame by frame, frame 0 is the one frame drawn from the caption alone;
   short (~55 tokens), so several share a row (the task's `per_row`)."""
   first = Clip(clip.frames[:1], clip.actions[:0], clip.offsets[:1], clip.direction)
-  return video_generation_example(first, label, patch_size, patch_dim, layout)
+  return video_generation_example(first, label, patch_size, patch_dim, layout,
+                                  tokenizer=tokenizer)
 
 
-def video_qa_example(clip: Clip, label: int, patch_size: int, patch_dim: int
-                     ) -> dict[str, np.ndarray]:
+def video_qa_example(clip: Clip, label: int, patch_size: int, patch_dim: int,
+                     tokenizer: Tokenizer = BYTES) -> dict[str, np.ndarray]:
   """Clip -> answer: BOS, clean clip, QUESTION, "3, right" (AR target), EOS (target)."""
   return _reading_example(frame_patches(clip.frames, patch_size), QUESTION,
-                          answer(label, clip.direction), patch_dim)
+                          answer(label, clip.direction), patch_dim, tokenizer)
 
 
-def frame_qa_example(clip: Clip, label: int, patch_size: int, patch_dim: int
-                     ) -> dict[str, np.ndarray]:
+def frame_qa_example(clip: Clip, label: int, patch_size: int, patch_dim: int,
+                     tokenizer: Tokenizer = BYTES) -> dict[str, np.ndarray]:
   """One frame -> the digit: BOS, [frame 0] (a one-frame clip), FRAME_QUESTION, "3"
   (AR target), EOS (target).
 
@@ -305,30 +308,30 @@ def frame_qa_example(clip: Clip, label: int, patch_size: int, patch_dim: int
   modality) ~6 to a row, so it trains reading the digit on the clips' own tokenization.
   """
   return _reading_example(frame_patches(clip.frames[:1], patch_size), FRAME_QUESTION,
-                          str(int(label)), patch_dim)
+                          str(int(label)), patch_dim, tokenizer)
 
 
-def _reading_example(patches: np.ndarray, question: str, reply: str, patch_dim: int
-                     ) -> dict[str, np.ndarray]:
+def _reading_example(patches: np.ndarray, question: str, reply: str, patch_dim: int,
+                     tokenizer: Tokenizer) -> dict[str, np.ndarray]:
   """BOS, clean frames [T, N, P], question, reply (AR target), EOS (target)."""
-  b = SequenceBuilder(patch_dim)
-  b.add_text([tokenizer_lib.BOS])
+  b = SequenceBuilder(patch_dim, tokenizer)
+  b.add_text([tokenizer.bos_id])
   b.add_video(patches, noised=False)
-  b.add_text(_TOKENIZER.encode(question))
-  b.add_text(_TOKENIZER.encode(reply) + [tokenizer_lib.EOS], loss=True)
+  b.add_text(tokenizer.encode(question))
+  b.add_text(tokenizer.encode(reply) + [tokenizer.eos_id], loss=True)
   return b.build()
 
 
-def world_model_example(clip: Clip, patch_size: int, patch_dim: int, layout: str = "frames"
-                        ) -> dict[str, np.ndarray]:
+def world_model_example(clip: Clip, patch_size: int, patch_dim: int, layout: str = "frames",
+                        tokenizer: Tokenizer = BYTES) -> dict[str, np.ndarray]:
   """First frame + actions -> the rest. Layout "clip": BOS, [frame 0] (cond), [actions]
   (cond), [frames 1..T-1] (noised, one block), EOS (target). Layout "frames": BOS,
   [actions] (cond), then the clip frame by frame: frame 0 given (cond), frames 1..T-1
   teacher forced, EOS: frame 0 -> 1 is then the same step, at the same relative
   positions, as every later frame -> the next."""
   patches = frame_patches(clip.frames, patch_size)
-  b = SequenceBuilder(patch_dim)
-  b.add_text([tokenizer_lib.BOS])
+  b = SequenceBuilder(patch_dim, tokenizer)
+  b.add_text([tokenizer.bos_id])
   if layout == "frames":
     b.add_action(clip.actions, noised=False, cond=True)
     b.add_video_frames(patches, ["given"] + forced_roles(len(patches) - 1))
@@ -336,19 +339,19 @@ def world_model_example(clip: Clip, patch_size: int, patch_dim: int, layout: str
     b.add_video(patches[:1], noised=False, cond=True)
     b.add_action(clip.actions, noised=False, cond=True)
     add_frames(b, patches[1:], layout)
-  b.add_text([tokenizer_lib.EOS], loss=True)
+  b.add_text([tokenizer.eos_id], loss=True)
   return b.build()
 
 
-def inverse_dynamics_example(clip: Clip, patch_size: int, patch_dim: int
-                             ) -> dict[str, np.ndarray]:
+def inverse_dynamics_example(clip: Clip, patch_size: int, patch_dim: int,
+                             tokenizer: Tokenizer = BYTES) -> dict[str, np.ndarray]:
   """Clip -> actions: BOS, [clip] (cond), ACTIONS_PROMPT, [actions] (noised), EOS."""
-  b = SequenceBuilder(patch_dim)
-  b.add_text([tokenizer_lib.BOS])
+  b = SequenceBuilder(patch_dim, tokenizer)
+  b.add_text([tokenizer.bos_id])
   b.add_video(frame_patches(clip.frames, patch_size), noised=False, cond=True)
-  b.add_text(_TOKENIZER.encode(ACTIONS_PROMPT))
+  b.add_text(tokenizer.encode(ACTIONS_PROMPT))
   b.add_action(clip.actions, noised=True)
-  b.add_text([tokenizer_lib.EOS], loss=True)
+  b.add_text([tokenizer.eos_id], loss=True)
   return b.build()
 
 

@@ -49,7 +49,7 @@ DEFAULT_SET_SIZE = 64  # items per evaluation set unless the caller asks otherwi
 KIND_WEIGHTS = {"single": 0.15, "count": 0.2, "pair": 0.25, "mixed": 0.4}
 _KIND_CDF = np.cumsum(list(KIND_WEIGHTS.values()))
 _MAX_DRAWS = 1000      # rejection-sampling bound; hitting it means impossible options
-_TOKENIZER = tokenizer_lib.Tokenizer()
+_TOKENIZER = tokenizer_lib.BYTE_TOKENIZER   # lengths in bytes: no tokenizer writes more ids
 
 
 @dataclasses.dataclass(frozen=True)

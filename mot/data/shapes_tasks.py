@@ -46,7 +46,6 @@ VIRTUAL_PAIRS = 2**16       # length of the index range the input pipeline shuff
 # train_lib's held-out losses ask for the digits' task names.
 HELDOUT_ALIASES = {"generation": "shapes_generation", "reasoning": "shapes_vqa"}
 HELDOUT_LOSS_ITEMS = 64     # held-out examples per task for the eval losses
-_TOKENIZER = tokenizer_lib.Tokenizer()
 # Longest answer that is not a caption (colour, shape, yes / no or a count), in bytes.
 _SHORT_ANSWER = max(len(w) for w in (*shapes_scene.COLORS, *shapes_scene.SHAPES, "yes", "no"))
 
@@ -57,6 +56,7 @@ class ShapesTaskOptions:
   patch_size: int
   patch_dim: int
   scene: shapes_scene.ShapesOptions
+  tokenizer: tokenizer_lib.Tokenizer = tokenizer_lib.BYTE_TOKENIZER   # the run's
 
 
 def image_patches(image: np.ndarray, patch_size: int) -> np.ndarray:
@@ -65,22 +65,26 @@ def image_patches(image: np.ndarray, patch_size: int) -> np.ndarray:
 
 
 def _start(options: ShapesTaskOptions) -> SequenceBuilder:
-  b = SequenceBuilder(options.patch_dim)
-  b.add_text([tokenizer_lib.BOS])
+  b = SequenceBuilder(options.patch_dim, options.tokenizer)
+  b.add_text([options.tokenizer.bos_id])
   return b
 
 
+def _text(b: SequenceBuilder, text: str) -> list[int]:
+  return b.tokenizer.encode(text)
+
+
 def _answer(b: SequenceBuilder, text: str, cond: bool = False) -> None:
-  b.add_text(_TOKENIZER.encode(text) + [tokenizer_lib.EOS], loss=True, cond=cond)
+  b.add_text(_text(b, text) + [b.tokenizer.eos_id], loss=True, cond=cond)
 
 
 def generation_example(caption: str, image: np.ndarray, options: ShapesTaskOptions
                        ) -> dict[str, np.ndarray]:
   """Caption -> image: BOS, caption (target, conditioning), noised image, EOS (target)."""
   b = _start(options)
-  b.add_text(_TOKENIZER.encode(caption), loss=True, cond=True)
+  b.add_text(_text(b, caption), loss=True, cond=True)
   b.add_image(image_patches(image, options.patch_size), noised=True)
-  b.add_text([tokenizer_lib.EOS], loss=True)
+  b.add_text([b.tokenizer.eos_id], loss=True)
   return b.build()
 
 
@@ -90,7 +94,7 @@ def reading_example(image: np.ndarray, question: str, answer: str,
   `mot.prompts.PromptBuilder.reasoning_prompt` builds for sampling."""
   b = _start(options)
   b.add_image(image_patches(image, options.patch_size), noised=False)
-  b.add_text(_TOKENIZER.encode(question))
+  b.add_text(_text(b, question))
   _answer(b, answer)
   return b.build()
 
@@ -108,10 +112,10 @@ def think_draw_example(context: np.ndarray, prompt: str, answer: str, image: np.
   (target); context, prompt and answer condition the drawn image."""
   b = _start(options)
   b.add_image(image_patches(context, options.patch_size), noised=False, cond=True)
-  b.add_text(_TOKENIZER.encode(prompt), cond=True)
-  b.add_text(_TOKENIZER.encode(answer), loss=True, cond=True)
+  b.add_text(_text(b, prompt), cond=True)
+  b.add_text(_text(b, answer), loss=True, cond=True)
   b.add_image(image_patches(image, options.patch_size), noised=True)
-  b.add_text([tokenizer_lib.EOS], loss=True)
+  b.add_text([b.tokenizer.eos_id], loss=True)
   return b.build()
 
 
@@ -250,8 +254,11 @@ def scene_options(data_config: Any) -> shapes_scene.ShapesOptions:
   return shapes_scene.validate_options(image_size=size, **values)
 
 
-def validate(data_config: Any) -> ShapesTaskOptions:
-  """ShapesTaskOptions of a shapes `config.data` (scenes, channels, patches), checked."""
+def validate(data_config: Any,
+             tokenizer: tokenizer_lib.Tokenizer = tokenizer_lib.BYTE_TOKENIZER
+             ) -> ShapesTaskOptions:
+  """ShapesTaskOptions of a shapes `config.data` (scenes, channels, patches), checked;
+  the examples are written with `tokenizer` (the run's)."""
   scene = scene_options(data_config)
   channels = field(data_config, "channels", "config.data")
   if channels != CHANNELS:
@@ -265,4 +272,4 @@ def validate(data_config: Any) -> ShapesTaskOptions:
   if not isinstance(patch_dim, int) or patch_dim < p * p * CHANNELS:
     raise ValueError(f"config.data.patch_dim={patch_dim!r} is smaller than patch_size**2 "
                      f"* channels = {p * p * CHANNELS}")
-  return ShapesTaskOptions(p, patch_dim, scene)
+  return ShapesTaskOptions(p, patch_dim, scene, tokenizer)

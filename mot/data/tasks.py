@@ -19,7 +19,8 @@ from mot.data.builder import SequenceBuilder
 
 QUESTION = "What digit is this?"
 TEXT_RELATIONS = ("after", "before")  # Variants of the text-only task.
-_TOKENIZER = tokenizer_lib.Tokenizer()
+Tokenizer = tokenizer_lib.Tokenizer
+BYTES = tokenizer_lib.BYTE_TOKENIZER
 
 
 def caption(label: int) -> str:
@@ -43,54 +44,56 @@ def draw_prompt(label: int) -> str:
   return f"draw the digit after {(int(label) - 1) % 10}:"
 
 
-def generation_example(image: np.ndarray, label: int, patch_size: int,
-                       patch_dim: int) -> dict[str, np.ndarray]:
+def generation_example(image: np.ndarray, label: int, patch_size: int, patch_dim: int,
+                       tokenizer: Tokenizer = BYTES) -> dict[str, np.ndarray]:
   """Caption -> image: BOS, caption (target, CFG conditioning), noised image, EOS.
 
   The caption is also an AR target, so the same example teaches captioning-style LM.
   Sampling uses this layout with any image (e.g. zeros): only dm_mask patches change.
   """
-  b = SequenceBuilder(patch_dim)
-  b.add_text([tokenizer_lib.BOS])
-  b.add_text(_TOKENIZER.encode(caption(label)), loss=True, cond=True)
+  b = SequenceBuilder(patch_dim, tokenizer)
+  b.add_text([tokenizer.bos_id])
+  b.add_text(tokenizer.encode(caption(label)), loss=True, cond=True)
   b.add_image(digits.patchify(image, patch_size), noised=True)
-  b.add_text([tokenizer_lib.EOS], loss=True)
+  b.add_text([tokenizer.eos_id], loss=True)
   return b.build()
 
 
-def reasoning_example(image: np.ndarray, label: int, patch_size: int,
-                      patch_dim: int, read_window: int = 0) -> dict[str, np.ndarray]:
+def reasoning_example(image: np.ndarray, label: int, patch_size: int, patch_dim: int,
+                      read_window: int = 0, tokenizer: Tokenizer = BYTES
+                      ) -> dict[str, np.ndarray]:
   """Image -> answer: BOS, clean image, QUESTION, answer (target), EOS (target); with
   read_window, each patch carries its neighbourhood (`digits.patchify_window`)."""
-  b = SequenceBuilder(patch_dim)
-  b.add_text([tokenizer_lib.BOS])
+  b = SequenceBuilder(patch_dim, tokenizer)
+  b.add_text([tokenizer.bos_id])
   b.add_image(digits.patchify_window(image, patch_size, read_window), noised=False)
-  b.add_text(_TOKENIZER.encode(QUESTION))
-  b.add_text(_TOKENIZER.encode(answer(label)) + [tokenizer_lib.EOS], loss=True)
+  b.add_text(tokenizer.encode(QUESTION))
+  b.add_text(tokenizer.encode(answer(label)) + [tokenizer.eos_id], loss=True)
   return b.build()
 
 
-def text_example(label: int, patch_dim: int, variant: int = 0) -> dict[str, np.ndarray]:
+def text_example(label: int, patch_dim: int, variant: int = 0,
+                 tokenizer: Tokenizer = BYTES) -> dict[str, np.ndarray]:
   """Text only: BOS, relation_text (target), EOS (target); variant picks the relation."""
-  b = SequenceBuilder(patch_dim)
-  b.add_text([tokenizer_lib.BOS])
-  b.add_text(_TOKENIZER.encode(relation_text(label, TEXT_RELATIONS[variant]))
-             + [tokenizer_lib.EOS], loss=True)
+  b = SequenceBuilder(patch_dim, tokenizer)
+  b.add_text([tokenizer.bos_id])
+  b.add_text(tokenizer.encode(relation_text(label, TEXT_RELATIONS[variant]))
+             + [tokenizer.eos_id], loss=True)
   return b.build()
 
 
-def interleaved_example(image: np.ndarray, label: int, patch_size: int,
-                        patch_dim: int) -> dict[str, np.ndarray]:
+def interleaved_example(image: np.ndarray, label: int, patch_size: int, patch_dim: int,
+                        tokenizer: Tokenizer = BYTES) -> dict[str, np.ndarray]:
   """Reason, then generate: BOS, draw_prompt, answer (target), noised image, EOS (target).
 
   Prompt and answer condition the image, so both are in cond_mask.
   """
-  b = SequenceBuilder(patch_dim)
-  b.add_text([tokenizer_lib.BOS])
-  b.add_text(_TOKENIZER.encode(draw_prompt(label)), cond=True)
-  b.add_text(_TOKENIZER.encode(answer(label)), loss=True, cond=True)
+  b = SequenceBuilder(patch_dim, tokenizer)
+  b.add_text([tokenizer.bos_id])
+  b.add_text(tokenizer.encode(draw_prompt(label)), cond=True)
+  b.add_text(tokenizer.encode(answer(label)), loss=True, cond=True)
   b.add_image(digits.patchify(image, patch_size), noised=True)
-  b.add_text([tokenizer_lib.EOS], loss=True)
+  b.add_text([tokenizer.eos_id], loss=True)
   return b.build()
 
 
@@ -115,6 +118,7 @@ class TaskOptions:
   first_frame_weight: float = 1.0  # caption -> clip, frame by frame: frame 0's loss weight
   channels: int = 1             # images [H, W] (1) or [H, W, C] (user data, latents)
   question: str = QUESTION      # user data: the reading task's question (data.question)
+  tokenizer: Tokenizer = BYTES  # the run's (`mot.tokenizer.from_config`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,58 +145,63 @@ class Task:
 
 def _generation(image, label, options: TaskOptions, variant: int):
   del variant  # One variant.
-  return generation_example(image, label, options.patch_size, options.patch_dim)
+  return generation_example(image, label, options.patch_size, options.patch_dim,
+                            options.tokenizer)
 
 
 def _reasoning(image, label, options: TaskOptions, variant: int):
   del variant
   return reasoning_example(image, label, options.patch_size, options.patch_dim,
-                           options.read_window)
+                           options.read_window, options.tokenizer)
 
 
 def _text(image, label, options: TaskOptions, variant: int):
   del image  # Text only: the pair contributes its label.
-  return text_example(label, options.patch_dim, variant)
+  return text_example(label, options.patch_dim, variant, options.tokenizer)
 
 
 def _interleaved(image, label, options: TaskOptions, variant: int):
   del variant
-  return interleaved_example(image, label, options.patch_size, options.patch_dim)
+  return interleaved_example(image, label, options.patch_size, options.patch_dim,
+                             options.tokenizer)
 
 
 def _video_generation(clip, label, options: TaskOptions, variant: int):
   del variant
   return moving_digits.video_generation_example(clip, label, options.patch_size,
                                                 options.patch_dim, options.video_layout,
-                                                options.first_frame_weight)
+                                                options.first_frame_weight, options.tokenizer)
 
 
 def _video_first_frame(clip, label, options: TaskOptions, variant: int):
   del variant
   return moving_digits.first_frame_example(clip, label, options.patch_size,
-                                           options.patch_dim, options.video_layout)
+                                           options.patch_dim, options.video_layout,
+                                           options.tokenizer)
 
 
 def _video_qa(clip, label, options: TaskOptions, variant: int):
   del variant
-  return moving_digits.video_qa_example(clip, label, options.patch_size, options.patch_dim)
+  return moving_digits.video_qa_example(clip, label, options.patch_size, options.patch_dim,
+                                        options.tokenizer)
 
 
 def _video_frame_qa(clip, label, options: TaskOptions, variant: int):
   del variant
-  return moving_digits.frame_qa_example(clip, label, options.patch_size, options.patch_dim)
+  return moving_digits.frame_qa_example(clip, label, options.patch_size, options.patch_dim,
+                                        options.tokenizer)
 
 
 def _world_model(clip, label, options: TaskOptions, variant: int):
   del label, variant  # The digit's identity is in the first frame, not in any text.
   return moving_digits.world_model_example(clip, options.patch_size, options.patch_dim,
-                                           options.video_layout)
+                                           options.video_layout, options.tokenizer)
 
 
 def _inverse_dynamics(clip, label, options: TaskOptions, variant: int):
   del label, variant
   return moving_digits.inverse_dynamics_example(clip, options.patch_size,
-                                                options.patch_dim)
+                                                options.patch_dim, options.tokenizer)
 
 
 TASKS: dict[str, Task] = {

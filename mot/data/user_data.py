@@ -45,7 +45,6 @@ from typing import Any
 import numpy as np
 
 from mot import patches
-from mot import tokenizer as tokenizer_lib
 from mot.data import array_records, digits
 from mot.data import latent_cache
 from mot.data import tasks
@@ -61,7 +60,6 @@ QUESTION = "Describe this image."   # configs/image_folder.py's data.question (v
 TASK_NAMES = ("generation", "reasoning", "text")
 DEFAULT_IMAGE_SIZE = 8              # The digits' resolution.
 _LINE_EXAMPLE = '{"image": "a.png", "caption": "a red square"}'
-_TOKENIZER = tokenizer_lib.Tokenizer()
 
 
 # ----------------------------------------------------------------------------------------
@@ -362,11 +360,12 @@ def image_patches(image: np.ndarray, options: tasks.TaskOptions,
 def generation_example(image: np.ndarray, caption: str,
                        options: tasks.TaskOptions) -> dict[str, np.ndarray]:
   """Caption -> image: BOS, caption (target, CFG conditioning), noised image, EOS."""
-  b = SequenceBuilder(options.patch_dim)
-  b.add_text([tokenizer_lib.BOS])
-  b.add_text(_TOKENIZER.encode(caption), loss=True, cond=True)
+  tok = options.tokenizer
+  b = SequenceBuilder(options.patch_dim, tok)
+  b.add_text([tok.bos_id])
+  b.add_text(tok.encode(caption), loss=True, cond=True)
   b.add_image(image_patches(image, options), noised=True)
-  b.add_text([tokenizer_lib.EOS], loss=True)
+  b.add_text([tok.eos_id], loss=True)
   return b.build()
 
 
@@ -374,19 +373,21 @@ def reasoning_example(image: np.ndarray, caption: str,
                       options: tasks.TaskOptions) -> dict[str, np.ndarray]:
   """Image -> caption: BOS, clean image, the question (`data.question`), caption
   (target), EOS (target)."""
-  b = SequenceBuilder(options.patch_dim)
-  b.add_text([tokenizer_lib.BOS])
+  tok = options.tokenizer
+  b = SequenceBuilder(options.patch_dim, tok)
+  b.add_text([tok.bos_id])
   b.add_image(image_patches(image, options, options.read_window), noised=False)
-  b.add_text(_TOKENIZER.encode(options.question))
-  b.add_text(_TOKENIZER.encode(caption) + [tokenizer_lib.EOS], loss=True)
+  b.add_text(tok.encode(options.question))
+  b.add_text(tok.encode(caption) + [tok.eos_id], loss=True)
   return b.build()
 
 
 def text_example(caption: str, options: tasks.TaskOptions) -> dict[str, np.ndarray]:
   """Caption language modelling: BOS, caption (target), EOS (target)."""
-  b = SequenceBuilder(options.patch_dim)
-  b.add_text([tokenizer_lib.BOS])
-  b.add_text(_TOKENIZER.encode(caption) + [tokenizer_lib.EOS], loss=True)
+  tok = options.tokenizer
+  b = SequenceBuilder(options.patch_dim, tok)
+  b.add_text([tok.bos_id])
+  b.add_text(tok.encode(caption) + [tok.eos_id], loss=True)
   return b.build()
 
 

@@ -28,7 +28,6 @@ from typing import Any
 import numpy as np
 
 from mot import patches
-from mot import tokenizer as tokenizer_lib
 from mot.data import clip_files, digits, moving_digits, preprocess, tasks, user_data
 from mot.data.builder import SequenceBuilder
 from mot.errors import field
@@ -37,7 +36,6 @@ DATASET = "video_folder"
 QUESTION = "Describe this clip."     # configs/video_folder.py's data.question
 TASK_NAMES = ("video_generation", "video_qa")
 _LINE_EXAMPLE = '{"video": "clips/a.gif", "caption": "a red ball rolls left"}'
-_TOKENIZER = tokenizer_lib.Tokenizer()
 
 
 class ClipSource:
@@ -131,23 +129,25 @@ def clip_patches(clip: np.ndarray, options: tasks.TaskOptions) -> np.ndarray:
 def generation_example(clip: np.ndarray, caption: str,
                        options: tasks.TaskOptions) -> dict[str, np.ndarray]:
   """Caption -> clip: BOS, caption (AR target, CFG conditioning), noised clip, EOS."""
-  b = SequenceBuilder(options.patch_dim)
-  b.add_text([tokenizer_lib.BOS])
-  b.add_text(_TOKENIZER.encode(caption), loss=True, cond=True)
+  tok = options.tokenizer
+  b = SequenceBuilder(options.patch_dim, tok)
+  b.add_text([tok.bos_id])
+  b.add_text(tok.encode(caption), loss=True, cond=True)
   moving_digits.add_frames(b, clip_patches(clip, options), options.video_layout,
                            options.first_frame_weight)
-  b.add_text([tokenizer_lib.EOS], loss=True)
+  b.add_text([tok.eos_id], loss=True)
   return b.build()
 
 
 def qa_example(clip: np.ndarray, caption: str,
                options: tasks.TaskOptions) -> dict[str, np.ndarray]:
   """Clip -> caption: BOS, clean clip, the question, caption (AR target), EOS (target)."""
-  b = SequenceBuilder(options.patch_dim)
-  b.add_text([tokenizer_lib.BOS])
+  tok = options.tokenizer
+  b = SequenceBuilder(options.patch_dim, tok)
+  b.add_text([tok.bos_id])
   b.add_video(clip_patches(clip, options), noised=False)
-  b.add_text(_TOKENIZER.encode(options.question))
-  b.add_text(_TOKENIZER.encode(caption) + [tokenizer_lib.EOS], loss=True)
+  b.add_text(tok.encode(options.question))
+  b.add_text(tok.encode(caption) + [tok.eos_id], loss=True)
   return b.build()
 
 
