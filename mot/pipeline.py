@@ -106,7 +106,7 @@ class Pipeline:
     # User data: a file is read by the run's own preprocessing (size, channels, crop /
     # pad / stretch, invert), the function its training files went through.
     self.image_options = (preprocess.image_options(data)
-                          if self.dataset not in input_pipeline.DIGIT_DATASETS else None)
+                          if self.dataset in input_pipeline.USER_DATASETS else None)
     self.question = setup.run_question(config)
     self.default_max_new_tokens = int(sample.max_new_tokens)
     self.vae = setup.load_vae(config)     # latent runs: images <-> the VAE's scaled latents
