@@ -171,7 +171,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.model.attention_block_q = 512    # blockwise/splash: queries per tile
   c.model.attention_block_kv = 512   # blockwise/splash: keys per tile
   c.model.attention_blockwise_min_length = 1024  # "auto": blockwise from this many keys a row
-                                     # (docs/performance_long_rows.md)
+                                     # (docs/performance.md §7)
 
   # ---- Sampling defaults (sample.py, evaluation). ----
   c.sample = ml_collections.ConfigDict()

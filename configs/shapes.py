@@ -33,7 +33,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c = digits_config.get_config(arg)  # shared fields, each documented there
   c.variant = variant                # which variant of this file built the config
 
-  # ---- Optimisation (whole run, evaluation included: docs/results_shapes.md). ----
+  # ---- Optimisation (whole run, evaluation included: docs/results.md §6). ----
   c.num_train_steps = 1200           # total optimizer steps
   c.batch_size = 16                  # global batch in packed rows (~4 examples a row)
   c.learning_rate = 2e-3             # peak AdamW learning rate
