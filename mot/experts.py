@@ -320,10 +320,12 @@ def expert_scale(x: Array, scale: Array, groups: Groups) -> Array:
 
 
 def expert_bias(x: Array, bias: Array, groups: Groups) -> Array:
-  """x [R, *out] plus its rows' experts' bias [E, *out]."""
-  rows = jnp.take(bias, groups.tile_expert, axis=0)                  # [K, *out]
-  rows = rows.reshape((rows.shape[0], 1) + rows.shape[1:])
-  return groups.untile(groups.tiles(x) + rows)
+  """x [S, R, *out] (the grouped buffer) plus its rows' experts' bias [E, *out]."""
+  # Whole on every device before the lookup, as expert_scale's scale.
+  bias = nn.with_logical_constraint(bias, (None,) * bias.ndim)
+  rows = jnp.take(bias, groups.tile_expert, axis=0)                  # [S, K, *out]
+  rows = rows.reshape(rows.shape[:2] + (1,) + rows.shape[2:])
+  return (groups.tiles(x) + rows).reshape(x.shape)
 
 
 def expert_init(init: Callable, cfg: ModelConfig) -> Callable:

@@ -240,6 +240,8 @@ def test_every_config_declares_the_attention_fields(name, arg):
   for field in ("attention_impl", "attention_block_q", "attention_block_kv",
                 "attention_blockwise_min_length"):
     assert field in config.model, (name, field)
+  if name == "image_folder":   # widths left to the data (mot.data.auto_config): as if RGB
+    config.model.patch_dim, config.model.modality_patch_dims = 48, (0, 48, 48, 2)
   validate_model(ModelConfig.from_config(config.model))
 
 

@@ -110,9 +110,12 @@ def test_from_config_and_its_errors(tmp_path):
   import ml_collections
   config = ml_collections.ConfigDict({"tokenizer": "bytes", "model": {"vocab_size": 272}})
   assert isinstance(tok.from_config(config), tok.ByteTokenizer)
-  config.model.vocab_size = 300
+  config.model.vocab_size = 300     # padding rows past the byte ids are allowed
+  assert tok.from_config(config) is tok.BYTE_TOKENIZER
+  config.model.vocab_size = 200
   with pytest.raises(ValueError, match="byte tokenizer has 272"):
     tok.from_config(config)
+  config.model.vocab_size = 300
   config.tokenizer = os.path.join(GOLDEN, "qwen3_tied", "tokenizer.json")
   with pytest.raises(ValueError, match="must cover the tokenizer"):
     tok.from_config(config)        # 300 - 7 appended < the file's 300 tokens

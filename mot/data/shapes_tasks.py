@@ -70,19 +70,19 @@ def _start(options: ShapesTaskOptions) -> SequenceBuilder:
   return b
 
 
-def _text(b: SequenceBuilder, text: str) -> list[int]:
+def _ids(b: SequenceBuilder, text: str) -> list[int]:
   return b.tokenizer.encode(text)
 
 
 def _answer(b: SequenceBuilder, text: str, cond: bool = False) -> None:
-  b.add_text(_text(b, text) + [b.tokenizer.eos_id], loss=True, cond=cond)
+  b.add_text(_ids(b, text) + [b.tokenizer.eos_id], loss=True, cond=cond)
 
 
 def generation_example(caption: str, image: np.ndarray, options: ShapesTaskOptions
                        ) -> dict[str, np.ndarray]:
   """Caption -> image: BOS, caption (target, conditioning), noised image, EOS (target)."""
   b = _start(options)
-  b.add_text(_text(b, caption), loss=True, cond=True)
+  b.add_text(_ids(b, caption), loss=True, cond=True)
   b.add_image(image_patches(image, options.patch_size), noised=True)
   b.add_text([b.tokenizer.eos_id], loss=True)
   return b.build()
@@ -94,7 +94,7 @@ def reading_example(image: np.ndarray, question: str, answer: str,
   `mot.prompts.PromptBuilder.reasoning_prompt` builds for sampling."""
   b = _start(options)
   b.add_image(image_patches(image, options.patch_size), noised=False)
-  b.add_text(_text(b, question))
+  b.add_text(_ids(b, question))
   _answer(b, answer)
   return b.build()
 
@@ -112,8 +112,8 @@ def think_draw_example(context: np.ndarray, prompt: str, answer: str, image: np.
   (target); context, prompt and answer condition the drawn image."""
   b = _start(options)
   b.add_image(image_patches(context, options.patch_size), noised=False, cond=True)
-  b.add_text(_text(b, prompt), cond=True)
-  b.add_text(_text(b, answer), loss=True, cond=True)
+  b.add_text(_ids(b, prompt), cond=True)
+  b.add_text(_ids(b, answer), loss=True, cond=True)
   b.add_image(image_patches(image, options.patch_size), noised=True)
   b.add_text([b.tokenizer.eos_id], loss=True)
   return b.build()
