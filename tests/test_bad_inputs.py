@@ -1,6 +1,7 @@
 """The bad-input catalogue of train.py and mot.evaluate: each case exits non-zero with one
 `error:` line, no traceback, and leaves an existing workdir exactly as it was.
 (sample.py's catalogue is in tests/test_sample_cli.py.)"""
+import importlib
 import os
 import subprocess
 import sys
@@ -25,6 +26,7 @@ def existing(tmp_path_factory):
 
 
 def train_cases(workdir, a_file):
+  """Cases train.py's command line itself must refuse, run as a user runs them."""
   w = ["--workdir", str(workdir)]
   return {
       "unknown config file": ["--config", "configs/nope.py", *w],
@@ -34,30 +36,34 @@ def train_cases(workdir, a_file):
       "missing workdir flag": [*TINY],
       "workdir is a file": [*TINY, "--workdir", str(a_file)],
       "heads vs kv heads": [*TINY, *w, "--config.model.num_kv_heads=3"],
-      "rope sections": [*TINY, *w, "--config.model.rope_sections=(8,12,12)"],
-      "unknown experts": [*TINY, *w, "--config.model.experts=dense"],
-      "seq_len too short": [*TINY, *w, "--config.data.seq_len=20"],
       "mesh vs devices": [*TINY, *w, "--config.mesh_shape=(2,1,1)"],
-      "zero steps": [*TINY, *w, "--config.num_train_steps=0"],
-      "negative batch": [*TINY, *w, "--config.batch_size=-4"],
-      "bad learning rate": [*TINY, *w, "--config.learning_rate=-1.0"],
-      "scan unroll zero": [*TINY, *w, "--config.model.scan_unroll=0"],
-      "unknown matmul dtype": [*TINY, *w, "--config.model.matmul_dtype=int8"],
-      "negative sampling context": [*TINY, *w, "--config.sample.context_length=-1"],
-      "dropout out of range": [*TINY, *w, "--config.model.dropout_rate=1.5"],
-      "label smoothing out of range": [*TINY, *w, "--config.ar_label_smoothing=1.0"],
-      "zero time shift": [*TINY, *w, "--config.sample.shift=0.0"],
-      "reading shifts out of range": [*TINY, *w, "--config.sample.reason_shifts=3"],
-      "cutout as large as the image": [*TINY, *w, "--config.data.cutout_size=8"],
-      "elastic distortion too strong": [*TINY, *w, "--config.data.elastic_alpha=3.0"],
-      "reading window wider than the patch field": [*TINY, *w, "--config.data.read_window=4"],
-      "validation split larger than allowed": [*TINY, *w, "--config.data.validation_size=1500"],
-      "unknown video layout": ["--config", "configs/moving_digits.py:tiny", *w,
-                               "--config.data.video_layout=joint"],
-      "unknown generation start": ["--config", "configs/moving_digits.py:tiny", *w,
-                                   "--config.data.generation_start=centre"],
       "stray argument": [*TINY, *w, "extra"],
   }
+
+
+# Config values train_and_evaluate refuses before it builds or writes anything: checked
+# in-process (train.py turns the same ConfigError into its one `error:` line, above).
+VALUE_CASES = {
+    "rope sections": ("digits:tiny", "model.rope_sections", (8, 12, 12)),
+    "unknown experts": ("digits:tiny", "model.experts", "dense"),
+    "seq_len too short": ("digits:tiny", "data.seq_len", 20),
+    "zero steps": ("digits:tiny", "num_train_steps", 0),
+    "negative batch": ("digits:tiny", "batch_size", -4),
+    "bad learning rate": ("digits:tiny", "learning_rate", -1.0),
+    "scan unroll zero": ("digits:tiny", "model.scan_unroll", 0),
+    "unknown matmul dtype": ("digits:tiny", "model.matmul_dtype", "int8"),
+    "negative sampling context": ("digits:tiny", "sample.context_length", -1),
+    "dropout out of range": ("digits:tiny", "model.dropout_rate", 1.5),
+    "label smoothing out of range": ("digits:tiny", "ar_label_smoothing", 1.0),
+    "zero time shift": ("digits:tiny", "sample.shift", 0.0),
+    "reading shifts out of range": ("digits:tiny", "sample.reason_shifts", 3),
+    "cutout as large as the image": ("digits:tiny", "data.cutout_size", 8),
+    "elastic distortion too strong": ("digits:tiny", "data.elastic_alpha", 3.0),
+    "reading window wider than the patch field": ("digits:tiny", "data.read_window", 4),
+    "validation split larger than allowed": ("digits:tiny", "data.validation_size", 1500),
+    "unknown video layout": ("moving_digits:tiny", "data.video_layout", "joint"),
+    "unknown generation start": ("moving_digits:tiny", "data.generation_start", "centre"),
+}
 
 
 def check_clean_failure(proc):
@@ -75,6 +81,26 @@ def test_train_bad_input(existing, case):
   proc = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True,
                         text=True, timeout=300)
   check_clean_failure(proc)
+  assert snapshot(workdir) == before
+
+
+@pytest.mark.parametrize("case", sorted(VALUE_CASES))
+def test_train_refuses_bad_config_values_before_writing(existing, case):
+  from mot import train_lib
+  from mot.errors import ConfigError
+  workdir, _ = existing
+  before = snapshot(workdir)
+  name, field, value = VALUE_CASES[case]
+  module, arg = name.split(":")
+  config = importlib.import_module(f"configs.{module}").get_config(arg)
+  *path, leaf = field.split(".")
+  section = config
+  for part in path:
+    section = section[part]
+  section[leaf] = value
+  with pytest.raises(ConfigError) as e:
+    train_lib.train_and_evaluate(config, str(workdir))
+  assert "\n" not in str(e.value) and field.split(".")[-1] in str(e.value), str(e.value)
   assert snapshot(workdir) == before
 
 
