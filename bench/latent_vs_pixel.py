@@ -5,8 +5,12 @@ training scenes are first written as one (`export`); a pixel run and a latent ru
 folder, with the same model, steps and tokens per image, are then scored by one yardstick
 (`score`): the Shapes detector's GenEval-style generation scores on the fixed Shapes
 prompt sets (mot.eval_shapes.generation, in-distribution and held-out pairs apart), the
-held-out caption exact match their eval.json holds, tokens per image, the training step
-time (metrics.jsonl) and the wall time.
+Fréchet distance of mot.shapes_features beside its real-vs-real floor, the held-out
+caption exact match their eval.json holds, tokens per image, the training step time
+(metrics.jsonl) and the wall time; and, as a third column, real scenes of the same
+prompts through the latent run's VAE: the ceiling its decoder sets. --grid_dir also
+writes each column's sample grid (one row per split and category, as
+mot.eval_shapes.grid_rows lays it out).
 
   python -m bench.latent_vs_pixel export --out DIR --scenes 6000 --seed 0
   python -m mot.data.user_data DIR CACHE --vae VAE
@@ -15,7 +19,7 @@ time (metrics.jsonl) and the wall time.
   python train.py --config configs/image_folder.py --workdir LAT --config.data.path=DIR \\
       --config.data.patch_size=2 --config.latent.vae=VAE --config.data.latent_cache=CACHE
   python -m bench.latent_vs_pixel score --pixel PIX --latent LAT --out table.json \\
-      --pixel_wall_s 1200 --latent_wall_s 1100
+      --pixel_wall_s 1200 --latent_wall_s 1100 --grid_dir grids/
 
 Prints a markdown table, then writes every figure as JSON to --out.
 """
@@ -27,11 +31,17 @@ import time
 
 from absl import app
 from absl import flags
+import numpy as np
 
 from mot import eval_shapes
 from mot import latent
+from mot import media
+from mot import shapes_features
+from mot import shapes_metrics
+from mot import vae as vae_lib
 from mot.data import shapes_export
 from mot.data import shapes_grammar as grammar
+from mot.data import shapes_scene
 from mot.data.shapes_scene import DEFAULT_OPTIONS
 from mot.pipeline import Pipeline
 
@@ -52,6 +62,7 @@ def define_flags() -> None:
   flags.DEFINE_integer("samples_per_prompt", 1, "score: images drawn per prompt.")
   flags.DEFINE_integer("steps", None, "score: denoising steps (default: the run's).")
   flags.DEFINE_float("cfg_scale", None, "score: guidance scale (default: the run's).")
+  flags.DEFINE_string("grid_dir", None, "score: write NAME_grid.png of each run here.")
   flags.mark_flag_as_required("out")
 
 
@@ -89,18 +100,48 @@ def score_run(workdir: str, set_size: int, samples_per_prompt: int = 1, steps=No
   """Every figure of one run (module doc); generation as mot.eval_shapes scores it."""
   pipe = Pipeline.from_workdir(workdir)
   start = time.perf_counter()
-  geneval, _, _ = eval_shapes.generation(pipe, set_size, samples_per_prompt, steps,
-                                         cfg_scale, None, seed, DEFAULT_OPTIONS)
+  geneval, prompts, images = eval_shapes.generation(pipe, set_size, samples_per_prompt, steps,
+                                                    cfg_scale, None, seed, DEFAULT_OPTIONS)
+  generation_s = time.perf_counter() - start
   return {"workdir": workdir, "step": pipe.step, "latent_vae": latent.vae_dir(pipe.config),
           "patch_size": int(pipe.config.data.patch_size),
           "tokens_per_image": tokens_per_image(pipe.config),
-          "geneval": geneval, "caption_exact_match": caption_exact_match(workdir),
+          "geneval": geneval, **shapes_features.frechet(images, prompts, DEFAULT_OPTIONS),
+          "caption_exact_match": caption_exact_match(workdir),
           "step_s": step_seconds(workdir), "wall_s": wall_s,
-          "generation_s": time.perf_counter() - start,
+          "generation_s": generation_s,
           "sampling": {"steps": pipe.default_steps if steps is None else steps,
                        "cfg_scale": pipe.default_cfg_scale if cfg_scale is None else cfg_scale,
                        "seed": seed, "set_size": set_size,
-                       "samples_per_prompt": samples_per_prompt}}
+                       "samples_per_prompt": samples_per_prompt},
+          "_prompts": prompts, "_images": images}
+
+
+def write_grid(path: str, record: dict) -> None:
+  """The run's sample grid: GRID_COLUMNS images of each (split, category), one row each."""
+  rows, _ = eval_shapes.grid_rows(record["_prompts"], record["_images"], DEFAULT_OPTIONS)
+  media.save_png(path, media.grid(rows, len(rows) // eval_shapes.GRID_COLUMNS, scale=4))
+
+
+def vae_ceiling(vae_dir: str, set_size: int) -> dict:
+  """The same figures for real scenes of the same prompts passed through the VAE (encode,
+  decode): what a latent model that drew perfect latents would score, the ceiling the
+  VAE sets (the real renders themselves score 100 %: the detector is exact on them)."""
+  vae = vae_lib.load_diffusers(vae_dir)
+  sets = eval_shapes.generation_prompts(set_size, DEFAULT_OPTIONS)
+  prompts = [p for split in eval_shapes.SPLITS for ps in sets[split].values() for p in ps]
+  scenes = shapes_features.reference_scenes(prompts, "latent_vs_pixel/ceiling")
+  real = np.stack([shapes_scene.render(s) for s in scenes])
+  images = vae_lib.output_to_images(vae.decode(vae.encode(vae_lib.images_to_input(real))))
+  return {"workdir": None, "step": None, "latent_vae": vae_dir, "patch_size": None,
+          "tokens_per_image": None,
+          "geneval": shapes_metrics.geneval_scores(prompts, images, DEFAULT_OPTIONS),
+          "real_geneval_overall": {split: v["overall"] for split, v in shapes_metrics
+                                   .geneval_scores(prompts, real, DEFAULT_OPTIONS).items()
+                                   if split != "unscorable"},
+          **shapes_features.frechet(images, prompts, DEFAULT_OPTIONS),
+          "caption_exact_match": None, "step_s": None, "wall_s": None, "generation_s": None,
+          "_prompts": prompts, "_images": images}
 
 
 def _pct(x) -> str:
@@ -114,14 +155,16 @@ def _num(x, fmt: str) -> str:
 def table(results: dict[str, dict]) -> str:
   """A markdown table: one column per run, one row per figure."""
   names = list(results)
-  rows = [("tokens per image", lambda r: str(r["tokens_per_image"])),
-          ("patch", lambda r: f"{r['patch_size']}x{r['patch_size']} "
-           + ("latent" if r["latent_vae"] else "pixels"))]
+  rows = [("tokens per image", lambda r: _num(r["tokens_per_image"], "d")),
+          ("space", lambda r: ("latent" if r["latent_vae"] else "pixels") + (
+              f", {r['patch_size']}x{r['patch_size']} patches" if r["patch_size"] else ""))]
   for split in eval_shapes.SPLITS:
     for c in (*grammar.CATEGORIES, "overall"):
       rows.append((f"GenEval {split} {c}",
                    lambda r, s=split, c=c: _pct(r["geneval"][s].get(c))))
-  rows += [("held-out caption exact match", lambda r: _pct(r["caption_exact_match"])),
+  rows += [("Fréchet distance / its floor", lambda r: f"{r['frechet']:.1f} / "
+           f"{r['frechet_floor']:.2f} ({r['frechet_ratio']:.1f}x)"),
+           ("held-out caption exact match", lambda r: _pct(r["caption_exact_match"])),
            ("training step (s)", lambda r: _num(r["step_s"], ".2f")),
            ("train.py wall time (s)", lambda r: _num(r["wall_s"], ".0f")),
            ("scoring generation (s)", lambda r: _num(r["generation_s"], ".0f"))]
@@ -147,9 +190,15 @@ def main(argv) -> None:
   results = {name: score_run(getattr(FLAGS, name), FLAGS.set_size, FLAGS.samples_per_prompt,
                              FLAGS.steps, FLAGS.cfg_scale, FLAGS.seed, walls[name])
              for name in RUNS}
+  results["vae_ceiling"] = vae_ceiling(results["latent"]["latent_vae"], FLAGS.set_size)
   print(table(results))
+  if FLAGS.grid_dir:
+    os.makedirs(FLAGS.grid_dir, exist_ok=True)
+    for name, record in results.items():
+      write_grid(os.path.join(FLAGS.grid_dir, f"{name}_grid.png"), record)
   with open(FLAGS.out, "w") as f:
-    json.dump(results, f, indent=1)
+    json.dump({name: {k: v for k, v in r.items() if not k.startswith("_")}
+               for name, r in results.items()}, f, indent=1)
   print(f"wrote {FLAGS.out}")
 
 
