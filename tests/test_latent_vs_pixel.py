@@ -1,7 +1,7 @@
 """bench.latent_vs_pixel: the Shapes scenes written as a user image folder (training
 scenes only, captions the detector confirms in the PNGs, deterministic by seed) and the
-scoring of a pixel and a latent run of it at equal tokens per image (tiny models, one
-step; tests/golden/vae_sd is a random 4-channel VAE with 4x downsampling)."""
+scoring of a run of it (a tiny latent model, two steps), with equal tokens per image for
+pixels and latents; tests/golden/vae_sd is a random 4-channel VAE with 4x downsampling."""
 import json
 import os
 
@@ -60,32 +60,64 @@ def test_the_export_is_deterministic_and_the_stream_of_generation_examples(folde
     shapes_export.export_folder(folder, 2, seed=0)
 
 
-def tiny_run(folder, workdir, cache="", patch_size=8):
+def run_config(folder, cache="", patch_size=8):
   c = image_folder.get_config("tiny")
   c.data.path, c.data.patch_size, c.data.num_heldout = folder, patch_size, 2
   c.data.seq_len = 192
   if cache:
     c.latent.vae, c.data.latent_cache = VAE, cache
-  c.num_train_steps = c.eval_every_steps = c.checkpoint_every_steps = 2
-  c.log_every_steps = 1
-  c.eval_samples_per_digit = 1     # the user protocol: eval.json's caption exact match
-  train_lib.train_and_evaluate(c, workdir)
-  return workdir
+  return c
 
 
-def test_pixel_and_latent_runs_are_scored_alike_at_equal_tokens(folder, tmp_path):
+def test_patch_8_pixels_and_patch_2_latents_give_equal_tokens(folder):
+  pixel, lat = run_config(folder), run_config(folder, "unused", patch_size=2)
+  pixel.data.image_size = lat.data.image_size = (32, 32)   # what train.py fills in
+  assert bench.tokens_per_image(pixel) == bench.tokens_per_image(lat) == 16
+  pixel.data.patch_size, lat.data.patch_size = 4, 1
+  assert bench.tokens_per_image(pixel) == bench.tokens_per_image(lat) == 64
+
+
+def test_a_latent_run_is_scored_by_the_shapes_yardstick(folder, tmp_path, monkeypatch):
+  """One tiny latent run (the pixel run takes the same code path without the VAE). The
+  Fréchet judge is replaced by a recorder: fitting its classifier takes longer than the
+  rest (tests/test_shapes_eval.py tests it); here it must get the images drawn."""
+  seen = []
+  monkeypatch.setattr(bench.shapes_features, "frechet", lambda images, prompts, options: (
+      seen.append((images, list(prompts))) or {"frechet": 5.0, "frechet_floor": 2.0,
+                                                "frechet_ratio": 2.5}))
   cache = str(tmp_path / "cache")
   user_data.main([folder, cache, "--vae", VAE])
-  pixel = bench.score_run(tiny_run(folder, str(tmp_path / "pix")), set_size=1, steps=1)
-  lat = bench.score_run(tiny_run(folder, str(tmp_path / "lat"), cache, patch_size=2),
-                        set_size=1, steps=1)
-  assert pixel["tokens_per_image"] == lat["tokens_per_image"] == 16   # 8x8 px, 2x2 latent
-  assert pixel["latent_vae"] == "" and lat["latent_vae"] == VAE
-  for r in (pixel, lat):
-    for split in ("in_distribution", "heldout"):
-      counts = r["geneval"][split]["num_images"]
-      assert sum(counts.values()) == len(shapes_grammar.CATEGORIES)  # one prompt each
-      assert 0.0 <= r["geneval"][split]["overall"] <= 1.0
-    assert r["step_s"] > 0 and 0.0 <= r["caption_exact_match"] <= 1.0
-  text = bench.table({"pixel": pixel, "latent": lat})
-  assert "| tokens per image | 16 | 16 |" in text and "GenEval heldout overall" in text
+  c = run_config(folder, cache, patch_size=2)
+  c.num_train_steps = c.eval_every_steps = c.checkpoint_every_steps = 2
+  c.log_every_steps = 1
+  train_lib.train_and_evaluate(c, str(tmp_path / "run"))
+  lat = bench.score_run(str(tmp_path / "run"), set_size=1, steps=1)
+  assert lat["tokens_per_image"] == 16 and lat["latent_vae"] == VAE
+  for split in ("in_distribution", "heldout"):
+    counts = lat["geneval"][split]["num_images"]
+    assert sum(counts.values()) == len(shapes_grammar.CATEGORIES)  # one prompt each
+    assert 0.0 <= lat["geneval"][split]["overall"] <= 1.0
+  assert lat["step_s"] > 0 and lat["caption_exact_match"] is None   # no protocol ran
+  assert lat["_images"].shape == (2 * len(shapes_grammar.CATEGORIES), 32, 32, 3)
+  assert seen[0][0] is lat["_images"] and seen[0][1] == lat["_prompts"]
+  assert lat["frechet_ratio"] == 2.5
+  bench.write_grid(str(tmp_path / "grid.png"), lat)
+  with Image.open(tmp_path / "grid.png") as png:   # one row per (split, category)
+    assert png.mode == "RGB" and png.height > 2 * len(shapes_grammar.CATEGORIES) * 32 * 4
+  ceiling = bench.vae_ceiling(VAE, set_size=1)   # real scenes through the (random) VAE
+  assert ceiling["real_geneval_overall"] == {"in_distribution": 1.0, "heldout": 1.0}
+  assert ceiling["geneval"]["heldout"]["num_images"] == lat["geneval"]["heldout"]["num_images"]
+  text = bench.table({"latent": lat, "vae_ceiling": ceiling})
+  assert "| tokens per image | 16 | n/a |" in text and "GenEval heldout overall" in text
+
+
+def test_caption_match_and_step_time_come_from_the_run_files(tmp_path):
+  (tmp_path / "eval.json").write_text(json.dumps(
+      {"latest": {"step": 4, "caption_exact_match": 0.25}, "evaluations": []}))
+  records = [{"step": 2, "real_tokens": 100, "tokens_per_s": 1.0},   # compile: left out
+             {"step": 4, "real_tokens": 300, "tokens_per_s": 50.0},  # 150 tokens a step
+             {"step": 6, "real_tokens": 200, "tokens_per_s": 100.0}]
+  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+  assert bench.caption_exact_match(str(tmp_path)) == 0.25
+  assert bench.step_seconds(str(tmp_path)) == pytest.approx((3.0 + 1.0) / 2)
+  assert bench.caption_exact_match(str(tmp_path / "none")) is None
