@@ -172,6 +172,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.model.attention_block_kv = 512   # blockwise/splash: keys per tile
   c.model.attention_blockwise_min_length = 1024  # "auto": blockwise from this many keys a row
                                      # (docs/performance.md §7)
+  c.model.dm_prediction = "velocity"  # DM head output: "velocity" (noise - x0) or "x" (x0,
+                                     # turned into the velocity it implies; docs/design.md §4)
+  c.model.dm_min_time = 0.05         # "x": v = (x_t - x0) / max(t, this), bounding the
+                                     # loss weight near t = 0
 
   # ---- Sampling defaults (sample.py, evaluation). ----
   c.sample = ml_collections.ConfigDict()

@@ -20,6 +20,7 @@ EXPERT_MODES = ("shared", "mode", "modality")
 EXPERT_IMPLS = ("auto", "tiled", "ragged")
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "blockwise", "splash")
 MATMUL_DTYPES = ("float32", "bfloat16", "float16")   # besides "same"
+DM_PREDICTIONS = ("velocity", "x")   # what the DM head's linear map outputs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +59,8 @@ class ModelConfig:
   attention_block_q: int                 # blockwise/splash: queries per tile
   attention_block_kv: int                # blockwise/splash: keys per tile
   attention_blockwise_min_length: int    # "auto" runs blockwise from this many keys
+  dm_prediction: str                     # DM head output: "velocity" or "x" (the clean x0)
+  dm_min_time: float                     # "x": the t below which v = (x_t - x0) / t is floored
 
   @property
   def num_modalities(self) -> int:
@@ -151,6 +154,7 @@ def validate_model(m: ModelConfig) -> None:
            f"config.model.attention_impl='cudnn' needs a GPU, but JAX runs on "
            f"{jax.default_backend()!r}: use 'auto' or 'xla'")
   validate_tiled_attention(m)
+  validate_dm_head(m)
   _check(isinstance(m.scan_unroll, int) and not isinstance(m.scan_unroll, bool)
          and (m.scan_unroll > 0 or m.scan_unroll == -1),
          f"config.model.scan_unroll={m.scan_unroll!r} must be a positive integer (blocks per "
@@ -171,6 +175,16 @@ def validate_tiled_attention(m: ModelConfig) -> None:
     value = getattr(m, name)
     _check(isinstance(value, int) and not isinstance(value, bool) and value > 0,
            f"config.model.{name}={value!r} must be a positive integer (tokens)")
+
+
+def validate_dm_head(m: ModelConfig) -> None:
+  """What the DM head predicts, and the floor on t that turns an x0 into a velocity."""
+  _check(m.dm_prediction in DM_PREDICTIONS,
+         f"config.model.dm_prediction={m.dm_prediction!r} is unknown: use one of "
+         f"{DM_PREDICTIONS}")
+  _check(isinstance(m.dm_min_time, (int, float)) and not isinstance(m.dm_min_time, bool)
+         and 0 < m.dm_min_time < 1,
+         f"config.model.dm_min_time={m.dm_min_time!r} must be in (0, 1): e.g. 0.05")
 
 
 def validate_numerics(m: ModelConfig) -> None:

@@ -15,7 +15,7 @@ import ml_collections
 
 from mot.errors import CheckpointError
 
-CONFIG_VERSION = 4
+CONFIG_VERSION = 5
 VERSION_KEY = "config_version"
 
 # Fields read before version 1 with a fallback when a config lacked them: the fallback is
@@ -109,8 +109,18 @@ def _upgrade_to_v4(config: dict) -> None:
   _fill(config.setdefault("model", {}), _V4_MODEL)
 
 
+# Version 5 let the DM head predict x0 (model.dm_prediction); every earlier run predicted
+# the velocity.
+_V5_MODEL = {"dm_prediction": "velocity", "dm_min_time": 0.05}
+
+
+def _upgrade_to_v5(config: dict) -> None:
+  """Version 4 -> 5: model.dm_prediction (velocity) and model.dm_min_time."""
+  _fill(config.setdefault("model", {}), _V5_MODEL)
+
+
 _UPGRADES = {0: _upgrade_to_v1, 1: _upgrade_to_v2, 2: _upgrade_to_v3,
-             3: _upgrade_to_v4}   # v -> v + 1
+             3: _upgrade_to_v4, 4: _upgrade_to_v5}   # v -> v + 1
 
 
 def saved_form(config: ml_collections.ConfigDict) -> dict[str, Any]:

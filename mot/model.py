@@ -4,8 +4,9 @@ Inputs follow docs/design.md §1. Text positions embed their token; media positi
 (possibly noised) patch with a per-modality linear map and add the diffusion timestep's
 embedding (t = 0 for clean media). N pre-norm blocks (GQA + QK-norm + M-RoPE, SwiGLU) run
 under the one mask rule of `mot.masks`. The AR head is final norm + unembedding; the DM
-head is an adaptive (timestep-modulated) final norm + linear map to patch space that
-predicts the rectified-flow velocity `noise - x0`.
+head is an adaptive (timestep-modulated) final norm + linear map to patch space; it
+returns the rectified-flow velocity `noise - x0`, predicted directly
+(`dm_prediction="velocity"`) or through the clean patch x0 (`"x"`, docs/design.md §4).
 """
 from __future__ import annotations
 
@@ -241,7 +242,21 @@ class MoT(nn.Module):
   def __call__(self, inputs: ModelInputs, cache=None, cache_index=None,
                cache_ids: masks.MaskIds | None = None):
     h, t_emb, new_cache = self.trunk(inputs, cache, cache_index, cache_ids)
-    return self.ar_logits(h), self.dm_head(h, t_emb), new_cache
+    return self.ar_logits(h), self.dm_velocity(h, t_emb, inputs), new_cache
+
+  def dm_velocity(self, h: Array, t_emb: Array, inputs: ModelInputs) -> Array:
+    """The DM head's velocity float32 [B, L, P] at the noised patches of `inputs`.
+
+    With dm_prediction "x" the head predicts the clean patch x0 and the velocity is
+    the one it implies at x_t = (1 - t) x0 + t noise: (x_t - x0) / t, with t floored at
+    dm_min_time (JiT: a low-dimensional target a narrow head can reach, where noise is
+    192-dimensional and full rank). The loss stays the velocity loss.
+    """
+    out = self.dm_head(h, t_emb)
+    if self.cfg.dm_prediction == "velocity":
+      return out
+    t = jnp.maximum(inputs.timesteps.astype(jnp.float32), self.cfg.dm_min_time)[..., None]
+    return (inputs.patches.astype(jnp.float32) - out) / t
 
   def ar_logits(self, h: Array) -> Array:
     """The AR head on backbone output h [B, L, d]: float32 [B, L, V]."""
@@ -269,7 +284,7 @@ class MoT(nn.Module):
   def velocity(self, inputs: ModelInputs, cache=None, cache_index=None, cache_ids=None):
     """DM head only (generation): float32 [B, L, P] and the new cache."""
     h, t_emb, new_cache = self.trunk(inputs, cache, cache_index, cache_ids)
-    return self.dm_head(h, t_emb), new_cache
+    return self.dm_velocity(h, t_emb, inputs), new_cache
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> dict[str, Any]:

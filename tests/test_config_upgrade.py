@@ -103,3 +103,12 @@ def test_a_version_2_image_folder_config_samples_as_version_2_did():
   upgraded = config_upgrade.upgrade_config(digits_v2)
   assert upgraded.sample.max_new_tokens == 16 and "question" not in upgraded.data
   assert upgraded.to_dict() == CURRENT["digits"].to_dict()
+
+
+def test_a_version_4_config_keeps_predicting_the_velocity():
+  """Version 5 added model.dm_prediction: older checkpoints predicted the velocity."""
+  saved = dict(config_upgrade.saved_form(CURRENT["digits"]), config_version=4)
+  del saved["model"]["dm_prediction"], saved["model"]["dm_min_time"]
+  upgraded = config_upgrade.upgrade_config(saved)
+  assert upgraded.model.dm_prediction == "velocity" and upgraded.model.dm_min_time == 0.05
+  assert upgraded.to_dict() == CURRENT["digits"].to_dict()

@@ -1,11 +1,13 @@
 """End-to-end properties of the model: causality, block bidirectionality, scan == loop."""
+import dataclasses
+
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from mot.config import ModelConfig
+from mot.config import ConfigError, ModelConfig, validate_model
 from tests._models import model_config
 from mot.model import MoT, inputs_from_batch
 
@@ -306,3 +308,32 @@ def test_qkv_biases_route_per_expert_like_the_shared_model():
   out_mode = jax.jit(lambda p: MoT(mode_cfg).apply({"params": p}, inputs_from_batch(batch)))(
       experts.expand_shared(shared, mode_cfg))
   chex.assert_trees_all_close(out_mode[:2], out_shared[:2], atol=1e-5)
+
+
+def test_x_prediction_returns_the_velocity_its_x0_implies(model_and_params):
+  """dm_prediction "x": the head's output is x0, returned as (x_t - x0) / max(t, t_min)."""
+  _, params = model_and_params
+  batch = jax.tree.map(jnp.asarray, layout_batch(True))
+  t = jnp.asarray([[0.0] * 4 + [0.7, 0.3, 0.01, 1.0] + [0.0] * 3])
+  x_cfg = dataclasses.replace(CFG, dm_prediction="x", dm_min_time=0.05)
+  head_out = run_with(MoT(CFG), params, batch, t)   # the same weights' raw head output
+  v_x = run_with(MoT(x_cfg), params, batch, t)
+  expected = (np.asarray(batch["patches"]) - head_out) / np.maximum(np.asarray(t), 0.05)[..., None]
+  np.testing.assert_allclose(v_x, expected, rtol=1e-5, atol=1e-5)
+  assert not np.allclose(v_x, head_out)
+  v_method, _ = MoT(x_cfg).apply({"params": params}, inputs_from_batch(batch, timesteps=t),
+                                 method=MoT.velocity)
+  np.testing.assert_allclose(v_method, v_x, rtol=1e-6, atol=1e-6)
+
+
+def run_with(model, params, batch, t):
+  return np.asarray(model.apply({"params": params}, inputs_from_batch(batch, timesteps=t))[1])
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("dm_prediction", "eps", "dm_prediction='eps' is unknown: use one of"),
+    ("dm_min_time", 0.0, "dm_min_time=0.0 must be in \\(0, 1\\)")])
+def test_a_bad_dm_head_field_is_one_line(field, value, message):
+  with pytest.raises(ConfigError, match=message) as e:
+    validate_model(dataclasses.replace(CFG, **{field: value}))
+  assert "\n" not in str(e.value)
