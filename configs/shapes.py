@@ -67,6 +67,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.data.seq_len = 256               # row length in tokens (the longest example, think-then-
                                      # draw, is 122; several examples are packed a row)
   c.data.examples_per_row = 4        # examples packed per row (~55 tokens each on average)
+  c.data.vqa_questions = 1           # questions (with answers) a shapes_vqa example asks of
+                                     # its image: more answers for the same image tokens
   c.data.patch_size = PATCH          # 32x32 scene -> (32/8)^2 = 16 patches
   c.data.patch_dim = PATCH_DIM       # width of the patches field (>= patch_size**2 * 3)
   c.data.shift_pixels = 0            # unused: scenes are drawn anew for every example

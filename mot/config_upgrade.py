@@ -109,14 +109,19 @@ def _upgrade_to_v4(config: dict) -> None:
   _fill(config.setdefault("model", {}), _V4_MODEL)
 
 
-# Version 5 let the DM head predict x0 (model.dm_prediction); every earlier run predicted
-# the velocity.
+# Version 5 let the DM head predict x0 (model.dm_prediction) and a Shapes image carry
+# several questions (data.vqa_questions); every earlier run predicted the velocity and
+# asked one.
 _V5_MODEL = {"dm_prediction": "velocity", "dm_min_time": 0.05}
+_V5_DATA_BY_DATASET = {"shapes": {"vqa_questions": 1}}
 
 
 def _upgrade_to_v5(config: dict) -> None:
-  """Version 4 -> 5: model.dm_prediction (velocity) and model.dm_min_time."""
+  """Version 4 -> 5: model.dm_prediction (velocity), model.dm_min_time and, for Shapes,
+  data.vqa_questions (one)."""
   _fill(config.setdefault("model", {}), _V5_MODEL)
+  data = config.setdefault("data", {})
+  _fill(data, _V5_DATA_BY_DATASET.get(data.get("dataset"), {}))
 
 
 _UPGRADES = {0: _upgrade_to_v1, 1: _upgrade_to_v2, 2: _upgrade_to_v3,

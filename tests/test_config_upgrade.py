@@ -3,7 +3,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from configs import digits, image_folder, moving_digits
+from configs import digits, image_folder, moving_digits, shapes
 from mot import attention
 from mot import config as config_lib
 from mot import config_upgrade
@@ -112,3 +112,8 @@ def test_a_version_4_config_keeps_predicting_the_velocity():
   upgraded = config_upgrade.upgrade_config(saved)
   assert upgraded.model.dm_prediction == "velocity" and upgraded.model.dm_min_time == 0.05
   assert upgraded.to_dict() == CURRENT["digits"].to_dict()
+  current = shapes.get_config("tiny")        # and a Shapes run asked one question an image
+  saved = dict(config_upgrade.saved_form(current), config_version=4)
+  del saved["model"]["dm_prediction"], saved["model"]["dm_min_time"]
+  del saved["data"]["vqa_questions"]
+  assert config_upgrade.upgrade_config(saved).to_dict() == current.to_dict()

@@ -327,3 +327,42 @@ def test_texts_fit_the_byte_tokenizer():
   for req in grammar.all_requirements(OPTIONS.all_types):
     text = grammar.caption_text(req)
     assert text.isascii() and t.decode(t.encode(text, eos=True)) == text
+
+
+def test_more_questions_are_distinct_true_answers_about_the_same_scene():
+  for index in range(40):
+    scene, first = shapes.vqa_example(0, index)
+    more = shapes.more_questions(0, index, scene, first, 3)
+    assert more == shapes.more_questions(0, index, scene, first, 3)   # pure
+    questions = [first.question] + [qa.question for qa in more]
+    assert len(set(questions)) == len(questions) and len(more) <= 3
+    for qa in more:
+      assert qa.qtype != "describe"
+      assert grammar.answer_question(qa.question, scene).answer == qa.answer
+  one_object = Scene((SceneObject(4, 4, 9, 9, "red", "square"),))
+  first = grammar.answer_question(grammar.COUNT_QUESTION, one_object)
+  more = shapes.more_questions(0, 0, one_object, first, 16)
+  expected = {q.question for q in grammar.questions(one_object, OPTIONS.colors)
+              if q.qtype != "describe"} - {first.question}
+  assert {qa.question for qa in more} == expected   # runs out without repeating
+
+
+def test_a_vqa_example_asks_vqa_questions_of_one_image():
+  from configs import shapes as shapes_config
+  from mot.data import shapes_tasks
+  config = shapes_config.get_config("tiny")
+  one = shapes_tasks.validate(config.data)
+  config.data.vqa_questions = 3
+  three = shapes_tasks.validate(config.data)
+  a, b = (shapes_tasks.TASKS["shapes_vqa"].build(None, 7, o, 0) for o in (one, three))
+  n = len(a["tokens"])
+  for name in ("tokens", "ar_weights", "patches", "modality"):   # the same first turn
+    np.testing.assert_array_equal(a[name], b[name][:n])
+  np.testing.assert_array_equal(a["ar_targets"][:n - 1], b["ar_targets"][:n - 1])
+  eos = tok.BYTE_TOKENIZER.eos_id
+  assert list(a["tokens"]).count(eos) == 1 and list(b["tokens"]).count(eos) == 3
+  assert (b["modality"][n:] == 0).all()                             # text after the image
+  assert len(b["tokens"]) <= shapes_tasks.max_example_length("shapes_vqa", three)
+  config.data.vqa_questions = 0
+  with pytest.raises(ValueError, match=r"vqa_questions=0 must be an integer in \[1, 16\]"):
+    shapes_tasks.validate(config.data)

@@ -217,6 +217,28 @@ def vqa_example(seed: int, index: int, options: ShapesOptions = DEFAULT_OPTIONS,
   return _question(rng, qtype, options, None, target)
 
 
+def more_questions(seed: int, index: int, scene: Scene, first: grammar.QA, n: int,
+                   options: ShapesOptions = DEFAULT_OPTIONS) -> tuple[grammar.QA, ...]:
+  """Up to `n` further questions about the scene of `vqa_example(seed, index)`, none
+  repeating `first` or each other: a type drawn uniformly among those the scene can be
+  asked ("describe" excepted), then a question of it uniformly. They let one image carry
+  several answers; unlike the first, their answers are not balanced."""
+  rng = shapes_scene.rng_for("train/vqa_more", seed, index)
+  qtypes = [q for q in available_qtypes(options) if q != "describe"]
+  asked, out = {first.question}, []
+  pool = {q: [a for a in grammar.questions(scene, options.colors, (q,))] for q in qtypes}
+  while len(out) < n:
+    open_types = [q for q in qtypes if any(a.question not in asked for a in pool[q])]
+    if not open_types:
+      break
+    candidates = [a for a in pool[open_types[int(rng.integers(len(open_types)))]]
+                  if a.question not in asked]
+    qa = candidates[int(rng.integers(len(candidates)))]
+    asked.add(qa.question)
+    out.append(qa)
+  return tuple(out)
+
+
 def _think_draw(rng: np.random.Generator, options: ShapesOptions, split: str | None
                 ) -> ThinkDraw:
   """A context scene and a prompt about it whose answer is (held-out split) or is not

@@ -6,6 +6,8 @@ example, through the deterministic streams of `mot.data.shapes`:
 
   shapes_generation   BOS  a red square left of a blue circle  [img> noised <img]  EOS
   shapes_vqa          BOS  [img> clean <img]  How many red objects are there?  2  EOS
+                           (then vqa_questions - 1 more questions about it, each
+                           question  answer  EOS)
   shapes_caption      BOS  [img> clean <img]  Describe this image.  a red square ...  EOS
   shapes_text         BOS  a red square left of a blue circle means a blue ...  EOS
   shapes_think_draw   BOS  [img> context <img]  draw three of the shape that is red:
@@ -17,7 +19,9 @@ generation caption, and the context image, prompt and answer of think-then-draw,
 conditioning that classifier-free guidance drops. `shapes_vqa` draws its question type
 uniformly among the types the options can ask, "describe" excepted (that is
 `shapes_caption`), and its answer uniformly from the type's answers
-(`shapes.vqa_example`). Training draws training (colour, shape) types only.
+(`shapes.vqa_example`); `data.vqa_questions` > 1 asks further questions of the same
+image after it (`shapes.more_questions`), so one image's tokens carry several answers.
+Training draws training (colour, shape) types only.
 
 The tasks register themselves in `mot.data.tasks.TASKS` (media "shapes"), so
 `config.data.task_weights` names them like any task.
@@ -57,6 +61,7 @@ class ShapesTaskOptions:
   patch_dim: int
   scene: shapes_scene.ShapesOptions
   tokenizer: tokenizer_lib.Tokenizer = tokenizer_lib.BYTE_TOKENIZER   # the run's
+  vqa_questions: int = 1    # questions (with answers) a shapes_vqa example asks of its image
 
 
 def image_patches(image: np.ndarray, patch_size: int) -> np.ndarray:
@@ -89,13 +94,15 @@ def generation_example(caption: str, image: np.ndarray, options: ShapesTaskOptio
 
 
 def reading_example(image: np.ndarray, question: str, answer: str,
-                    options: ShapesTaskOptions) -> dict[str, np.ndarray]:
+                    options: ShapesTaskOptions, more=()) -> dict[str, np.ndarray]:
   """Image -> answer: BOS, clean image, question, answer + EOS (targets); the layout
-  `mot.prompts.PromptBuilder.reasoning_prompt` builds for sampling."""
+  `mot.prompts.PromptBuilder.reasoning_prompt` builds for sampling. `more` (QAs) follow
+  as further question, answer + EOS turns about the same image."""
   b = _start(options)
   b.add_image(image_patches(image, options.patch_size), noised=False)
-  b.add_text(_ids(b, question))
-  _answer(b, answer)
+  for q, a in [(question, answer)] + [(qa.question, qa.answer) for qa in more]:
+    b.add_text(_ids(b, q))
+    _answer(b, a)
   return b.build()
 
 
@@ -138,7 +145,8 @@ def _vqa(image, key, options: ShapesTaskOptions, variant: int):
   qtypes = vqa_types(options.scene)
   qtype = qtypes[key % len(qtypes)]
   scene, qa = shapes.vqa_example(0, key // len(qtypes), options.scene, qtype)
-  return reading_example(shapes_scene.render(scene), qa.question, qa.answer, options)
+  more = shapes.more_questions(0, key, scene, qa, options.vqa_questions - 1, options.scene)
+  return reading_example(shapes_scene.render(scene), qa.question, qa.answer, options, more)
 
 
 def _caption(image, key, options: ShapesTaskOptions, variant: int):
@@ -197,7 +205,7 @@ def max_example_length(name: str, options: ShapesTaskOptions) -> int:
   n, img = shapes.max_text_tokens(options.scene), image_tokens(options)
   lengths = {
       "shapes_generation": 1 + n["caption"] + img + 1,
-      "shapes_vqa": 1 + img + n["question"] + _SHORT_ANSWER + 1,
+      "shapes_vqa": 1 + img + options.vqa_questions * (n["question"] + _SHORT_ANSWER + 1),
       "shapes_caption": 1 + img + len(grammar.DESCRIBE_QUESTION) + n["caption"] + 1,
       "shapes_text": 1 + n["text"] + 1,
       "shapes_think_draw": 1 + img + n["draw_prompt"] + n["draw_answer"] + img + 1,
@@ -272,4 +280,8 @@ def validate(data_config: Any,
   if not isinstance(patch_dim, int) or patch_dim < p * p * CHANNELS:
     raise ValueError(f"config.data.patch_dim={patch_dim!r} is smaller than patch_size**2 "
                      f"* channels = {p * p * CHANNELS}")
-  return ShapesTaskOptions(p, patch_dim, scene, tokenizer)
+  k = field(data_config, "vqa_questions", "config.data")
+  if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 16:
+    raise ValueError(f"config.data.vqa_questions={k!r} must be an integer in [1, 16] "
+                     "(questions a shapes_vqa example asks of its image)")
+  return ShapesTaskOptions(p, patch_dim, scene, tokenizer, k)
