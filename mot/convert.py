@@ -33,6 +33,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
+import ml_dtypes
 import numpy as np
 from absl import flags, logging
 from flax import traverse_util
@@ -51,6 +52,7 @@ PRETRAINED = "pretrained"    # WORKDIR/pretrained/: the model's config and token
 TOKENIZER = "tokenizer.json"
 COPIED = (hf_io.CONFIG, TOKENIZER, "tokenizer_config.json", "generation_config.json")
 EXPERTS = ("shared", "mode")
+TIED_HEAD = "lm_head.weight"   # the output head's tensor (every supported architecture)
 
 
 @dataclasses.dataclass
@@ -94,10 +96,35 @@ def vocabulary(hf_dir: str, vocab: int) -> int:
   return size
 
 
+def check_tied_head(reader: hf_io.SafetensorsReader, entries: list[hf_arch.Entry]) -> None:
+  """Some published tied checkpoints store the head anyway (mlx-lm drops it on load): it
+  is accepted, and dropped, when it equals the embedding, exactly or within the rounding
+  of the coarser of their two dtypes. Both are read in the same chunks of rows, as the
+  conversion reads: no whole tensor sits in memory."""
+  embed = next(e.name for e in entries if e.path == hf_arch.EMBEDDING)
+  where = reader.entries[TIED_HEAD][0]
+  differs = reader.shape(TIED_HEAD) != reader.shape(embed)
+  if not differs:
+    eps = max(ml_dtypes.finfo(reader.dtype(n)).eps for n in (TIED_HEAD, embed))
+    row_bytes = 4 * int(np.prod(reader.shape(embed)[1:]))
+    per_chunk = max(1, hf_io.CHUNK_BYTES // row_bytes)   # the same rows from both
+    for (_, head), (_, table) in zip(reader.chunks(TIED_HEAD, per_chunk),
+                                     reader.chunks(embed, per_chunk)):
+      head, table = head.astype(np.float32), table.astype(np.float32)
+      if not (np.array_equal(head, table) or np.allclose(head, table, rtol=eps, atol=0)):
+        differs = True
+        break
+  if differs:
+    raise CheckpointError(
+        f"tensor {TIED_HEAD} in {where} differs from {embed}: the checkpoint's head is not "
+        "tied although its config.json says tie_word_embeddings=true")
+
+
 def check_tensors(hf_dir: str, reader: hf_io.SafetensorsReader, imp_arch: hf_arch.Arch,
                   entries: list[hf_arch.Entry], shapes: Any, model, vocab: int) -> None:
   """Every tensor the config implies is present with its shape, and no other tensor is
-  (besides a skipped vision tower and recomputed buffers)."""
+  (besides a skipped vision tower, recomputed buffers and a tied head equal to the
+  embedding)."""
   names = reader.names()
   skipped = {n for n in names if imp_arch.skipped_prefix
              and n.startswith(imp_arch.skipped_prefix)}
@@ -109,6 +136,9 @@ def check_tensors(hf_dir: str, reader: hf_io.SafetensorsReader, imp_arch: hf_arc
     raise CheckpointError(
         f"tensor {missing[0]}{more} is missing from the safetensors files in {hf_dir}: "
         f"the weights do not match its config.json ({imp_arch.name})")
+  if imp_arch.tie and TIED_HEAD in names:
+    check_tied_head(reader, entries)
+    ignored.add(TIED_HEAD)
   extra = sorted(names - expected - skipped - ignored)
   if extra:
     raise CheckpointError(

@@ -11,8 +11,10 @@ import os
 import shutil
 
 import jax
+import ml_dtypes
 import numpy as np
 import pytest
+from safetensors.numpy import load_file, save_file
 
 from mot import checkpoint as ckpt_lib
 from mot import config as config_lib
@@ -127,6 +129,25 @@ def test_both_config_forms_import_the_same(converted, tmp_path, name):
   _, a, saved_a = load(converted(name))
   _, b, saved_b = load(str(tmp_path / "work"))
   assert saved_a["model"] == saved_b["model"]
+  assert_same_params(a, b)
+
+
+@pytest.mark.parametrize("stored", ["float32", "bfloat16"])
+def test_tied_checkpoint_that_stores_its_head(converted, tmp_path, stored):
+  """A tied checkpoint with lm_head.weight equal to the embedding (exactly, or rounded to
+  a coarser dtype) converts to the same model as one without it: the head is dropped."""
+  hf_dir = str(tmp_path / "hf")
+  shutil.copytree(os.path.join(GOLDEN, "qwen3_tied"), hf_dir)
+  path = os.path.join(hf_dir, "model.safetensors")
+  tensors = load_file(path)
+  head = tensors["model.embed_tokens.weight"].astype(
+      {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}[stored])
+  assert stored == "float32" or not np.array_equal(head, tensors["model.embed_tokens.weight"])
+  save_file({**tensors, "lm_head.weight": head}, path)
+  convert.from_hf(hf_dir, str(tmp_path / "work"))
+  _, a, saved_a = load(converted("qwen3_tied"))
+  _, b, saved_b = load(str(tmp_path / "work"))
+  assert saved_b["model"]["tie_embeddings"] and saved_a["model"] == saved_b["model"]
   assert_same_params(a, b)
 
 
