@@ -2,13 +2,14 @@
 language model of Qwen3-VL) to mot workdirs, and back.
 
   python -m mot.convert from_hf --hf_dir ~/models/Qwen3-0.6B --workdir runs/qwen3 \
-      [--experts shared|mode]
+      [--experts shared|mode] [--config configs/shapes.py[:tiny]]
   python -m mot.convert to_hf --workdir runs/qwen3 --out /tmp/qwen3-hf [--dtype bfloat16]
 
 from_hf writes a workdir like train.py's: an orbax checkpoint at step 0 ({"state":
 TrainState, "rng": ...}, parameters = EMA parameters, zero optimizer moments) with its run
-config (configs/digits.py's, with the model's fields, float32 compute, and `tokenizer`
-naming WORKDIR/pretrained/tokenizer.json), plus the model's small files (config.json,
+config (configs/digits.py's, or --config's data, training and patch / timestep widths,
+with the backbone's fields from config.json, float32 compute, and `tokenizer` naming
+WORKDIR/pretrained/tokenizer.json), plus the model's small files (config.json,
 tokenizer files) under WORKDIR/pretrained/. Tensors stream one at a time into preallocated
 (layer-stacked) parameters: the conversion holds the float32 parameters about once.
 `--experts mode` copies the understanding weights into the generation expert (BAGEL);
@@ -37,6 +38,7 @@ import ml_dtypes
 import numpy as np
 from absl import flags, logging
 from flax import traverse_util
+from ml_collections import config_flags
 
 from configs import digits
 from mot import checkpoint as ckpt_lib
@@ -70,10 +72,13 @@ class Import:
 # ----------------------------------------------------------------------------------------
 # Checks (before anything is written).
 # ----------------------------------------------------------------------------------------
-def run_config(fields: dict, experts: str, tokenizer_path: str) -> ml_collections.ConfigDict:
-  """configs/digits.py's run config with the pretrained model's fields, computing in
-  float32 (the exact numerics of the original) with stacked layers."""
-  config = digits.get_config()
+def run_config(fields: dict, experts: str, tokenizer_path: str,
+               base: ml_collections.ConfigDict | None = None) -> ml_collections.ConfigDict:
+  """`base` (default: configs/digits.py's run config) with the pretrained model's fields,
+  computing in float32 (the exact numerics of the original) with stacked layers. The
+  base's other fields (data, training, the patch and timestep widths the checkpoint does
+  not determine) stay, so the workdir fine-tunes with that base's data."""
+  config = digits.get_config() if base is None else base.copy_and_resolve_references()
   config.tokenizer = os.path.abspath(tokenizer_path)
   config.model.update(fields)
   config.model.update(experts=experts, init_generation_from_understanding=experts == "mode",
@@ -163,7 +168,8 @@ def abstract_params(model: MoT) -> dict:
                         jax.random.PRNGKey(0))
 
 
-def plan_import(hf_dir: str, workdir: str, experts: str) -> Import:
+def plan_import(hf_dir: str, workdir: str, experts: str,
+                base: ml_collections.ConfigDict | None = None) -> Import:
   """Reads and checks everything a conversion needs; raises ConfigError or
   CheckpointError (one line) for any bad input."""
   if experts not in EXPERTS:
@@ -173,7 +179,7 @@ def plan_import(hf_dir: str, workdir: str, experts: str) -> Import:
   fields = hf_arch.model_fields(arch, where)
   vocab = fields["vocab_size"]
   fields["vocab_size"] = vocabulary(hf_dir, vocab)
-  config = run_config(fields, experts, os.path.join(hf_dir, TOKENIZER))
+  config = run_config(fields, experts, os.path.join(hf_dir, TOKENIZER), base)
   model = config_lib.validate(config)   # with the source's tokenizer.json, then the copy's:
   config.tokenizer = os.path.join(os.path.abspath(workdir), PRETRAINED, TOKENIZER)
   reader = hf_io.SafetensorsReader(hf_dir)
@@ -309,9 +315,11 @@ def write_workdir(imp: Import, params: dict, workdir: str) -> None:
     shutil.rmtree(staging, ignore_errors=True)
 
 
-def from_hf(hf_dir: str, workdir: str, experts: str = "shared") -> None:
-  """Converts the Hugging Face folder `hf_dir` into the mot workdir `workdir`."""
-  imp = plan_import(hf_dir, workdir, experts)
+def from_hf(hf_dir: str, workdir: str, experts: str = "shared",
+            config: ml_collections.ConfigDict | None = None) -> None:
+  """Converts the Hugging Face folder `hf_dir` into the mot workdir `workdir`, its run
+  config built on `config` (default: configs/digits.py's; see run_config)."""
+  imp = plan_import(hf_dir, workdir, experts, config)
   if workdir_done(workdir, imp.config):
     logging.info("%s already holds this conversion of %s: nothing to do", workdir, hf_dir)
     return
@@ -393,7 +401,7 @@ def main(argv):
   cli.configure_logging()
   with cli.clean_errors():
     if argv[1] == "from_hf":
-      from_hf(FLAGS.hf_dir, FLAGS.workdir, FLAGS.experts)
+      from_hf(FLAGS.hf_dir, FLAGS.workdir, FLAGS.experts, FLAGS.config)
     else:
       to_hf(FLAGS.workdir, FLAGS.out, FLAGS.step, FLAGS.dtype)
 
@@ -406,6 +414,13 @@ def define_flags():
                       "to_hf: the workdir whose checkpoint is exported.")
   flags.DEFINE_enum("experts", "shared", list(EXPERTS), "from_hf: 'shared' (one set of "
                     "weights) or 'mode' (the generation expert starts as a copy, BAGEL).")
+  config_flags.DEFINE_config_file(
+      "config", None, "from_hf: the run config the workdir is built on, e.g. "
+      "configs/shapes.py or configs/shapes.py:tiny (default: configs/digits.py): its data, "
+      "training and non-backbone model fields (patch_dim, modality_patch_dims, "
+      "time_embed_dim) stay, the backbone's come from config.json. Fine-tune with the "
+      "matching configs/pretrained.py variant, e.g. configs/pretrained.py:shapes.",
+      lock_config=True)
   flags.DEFINE_string("out", None, "to_hf: the folder to write (new or empty).")
   flags.DEFINE_integer("step", None, "to_hf: the checkpoint step (default: the newest).")
   flags.DEFINE_enum("dtype", "float32", sorted(hf_io.EXPORT_DTYPES),
