@@ -30,8 +30,12 @@ BASES = {"digits": digits, "shapes": shapes}   # configs whose data and training
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-  name, _, variant = arg.partition(":") if arg.partition(":")[0] in BASES else ("digits", "",
-                                                                               arg)
+  name, _, variant = arg.partition(":")
+  if name not in BASES:              # "" and "tiny": configs/digits.py's variants
+    if arg not in ("", "tiny"):
+      raise ValueError(f"configs/pretrained.py has no variant {arg!r}: use '', 'tiny', "
+                       "'shapes' or 'shapes:tiny'")
+    name, variant = "digits", arg
   c = BASES[name].get_config(variant)  # every other field, documented there
   c.init_from = ""                   # the mot.convert workdir (or training workdir) to start
                                      # from: required by the placeholders below

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from configs import pretrained, shapes
+from configs import pretrained
 from mot import checkpoint as ckpt_lib
 from mot import convert, sampling, tokenizer, train_lib
 from mot.data import input_pipeline
@@ -136,8 +136,11 @@ def test_fine_tune_on_shapes(tmp_path):
   widths are refused) and trains the shapes task mix with the checkpoint's tokenizer; the
   frozen understanding path keeps the checkpoint's text logits bit-identical."""
   out, run = str(tmp_path / "converted"), str(tmp_path / "run")
-  convert.from_hf(os.path.join(GOLDEN, "qwen3_tied"), out, experts="mode",
-                  config=shapes.get_config("tiny"))
+  proc = subprocess.run([sys.executable, "-m", "mot.convert", "from_hf", "--hf_dir",
+                         os.path.join(GOLDEN, "qwen3_tied"), "--workdir", out, "--experts",
+                         "mode", "--config", "configs/shapes.py:tiny"],
+                        cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
   saved = ckpt_lib.saved_config(out, 0)
   assert saved["data"]["dataset"] == "shapes" and saved["model"]["patch_dim"] == 192
   assert saved["model"]["d_model"] == 48 and saved["model"]["tie_embeddings"]
