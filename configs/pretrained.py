@@ -11,16 +11,32 @@ configs/digits.py's unless changed below. docs/pretrained.md has the whole recip
   python train.py --config configs/pretrained.py:tiny --workdir /tmp/ft \
       --config.init_from=/tmp/converted                         # seconds, for tests
 
-Variants (the part after ':'): "" (default) and "tiny" (configs/digits.py's tiny run).
+Variants (the part after ':'): "" (default) and "tiny" (configs/digits.py's tiny run), or
+the data and training of another bundled config, "shapes" or "shapes:tiny"; convert with
+the same base (`mot.convert from_hf --config configs/shapes.py[:tiny]`) so that the
+fields the checkpoint does not fix (patch_dim, modality_patch_dims, time_embed_dim) agree:
+
+  python -m mot.convert from_hf --hf_dir ~/models/Qwen3-0.6B --workdir runs/qwen3_shapes \
+      --config configs/shapes.py
+  python train.py --config configs/pretrained.py:shapes --workdir runs/qwen3_shapes_ft \
+      --config.init_from=runs/qwen3_shapes
 """
 import ml_collections
 from ml_collections.config_dict import placeholder
 
-from configs import digits
+from configs import digits, shapes
+
+BASES = {"digits": digits, "shapes": shapes}   # configs whose data and training this takes
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-  c = digits.get_config(arg)         # every other field, documented there
+  name, _, variant = arg.partition(":")
+  if name not in BASES:              # "" and "tiny": configs/digits.py's variants
+    if arg not in ("", "tiny"):
+      raise ValueError(f"configs/pretrained.py has no variant {arg!r}: use '', 'tiny', "
+                       "'shapes' or 'shapes:tiny'")
+    name, variant = "digits", arg
+  c = BASES[name].get_config(variant)  # every other field, documented there
   c.init_from = ""                   # the mot.convert workdir (or training workdir) to start
                                      # from: required by the placeholders below
   c.tokenizer = placeholder(str)     # from init_from: its tokenizer.json
@@ -51,7 +67,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   m.qkv_bias = placeholder(bool)     # from init_from: q/k/v biases (Qwen2)
   m.qk_norm = placeholder(bool)      # from init_from: QK-norm (Qwen3)
   m.tie_embeddings = placeholder(bool)  # from init_from: tied input/output embeddings
-  # model.patch_dim stays tied to data.patch_dim (configs/digits.py): init_from must agree.
+  # model.patch_dim stays tied to data.patch_dim (the base's): init_from must agree.
   # The run's own choices (how it computes, not what the weights are):
   m.scan_unroll = 1                  # one block per scan-loop iteration: a deep model
                                      # compiles in seconds, not minutes

@@ -2,13 +2,14 @@
 language model of Qwen3-VL) to mot workdirs, and back.
 
   python -m mot.convert from_hf --hf_dir ~/models/Qwen3-0.6B --workdir runs/qwen3 \
-      [--experts shared|mode]
+      [--experts shared|mode] [--config configs/shapes.py[:tiny]]
   python -m mot.convert to_hf --workdir runs/qwen3 --out /tmp/qwen3-hf [--dtype bfloat16]
 
 from_hf writes a workdir like train.py's: an orbax checkpoint at step 0 ({"state":
 TrainState, "rng": ...}, parameters = EMA parameters, zero optimizer moments) with its run
-config (configs/digits.py's, with the model's fields, float32 compute, and `tokenizer`
-naming WORKDIR/pretrained/tokenizer.json), plus the model's small files (config.json,
+config (configs/digits.py's, or --config's data, training and patch / timestep widths,
+with the backbone's fields from config.json, float32 compute, and `tokenizer` naming
+WORKDIR/pretrained/tokenizer.json), plus the model's small files (config.json,
 tokenizer files) under WORKDIR/pretrained/. Tensors stream one at a time into preallocated
 (layer-stacked) parameters: the conversion holds the float32 parameters about once.
 `--experts mode` copies the understanding weights into the generation expert (BAGEL);
@@ -33,9 +34,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
+import ml_dtypes
 import numpy as np
 from absl import flags, logging
 from flax import traverse_util
+from ml_collections import config_flags
 
 from configs import digits
 from mot import checkpoint as ckpt_lib
@@ -51,6 +54,7 @@ PRETRAINED = "pretrained"    # WORKDIR/pretrained/: the model's config and token
 TOKENIZER = "tokenizer.json"
 COPIED = (hf_io.CONFIG, TOKENIZER, "tokenizer_config.json", "generation_config.json")
 EXPERTS = ("shared", "mode")
+TIED_HEAD = "lm_head.weight"   # the output head's tensor (every supported architecture)
 
 
 @dataclasses.dataclass
@@ -68,10 +72,13 @@ class Import:
 # ----------------------------------------------------------------------------------------
 # Checks (before anything is written).
 # ----------------------------------------------------------------------------------------
-def run_config(fields: dict, experts: str, tokenizer_path: str) -> ml_collections.ConfigDict:
-  """configs/digits.py's run config with the pretrained model's fields, computing in
-  float32 (the exact numerics of the original) with stacked layers."""
-  config = digits.get_config()
+def run_config(fields: dict, experts: str, tokenizer_path: str,
+               base: ml_collections.ConfigDict | None = None) -> ml_collections.ConfigDict:
+  """`base` (default: configs/digits.py's run config) with the pretrained model's fields,
+  computing in float32 (the exact numerics of the original) with stacked layers. The
+  base's other fields (data, training, the patch and timestep widths the checkpoint does
+  not determine) stay, so the workdir fine-tunes with that base's data."""
+  config = digits.get_config() if base is None else base.copy_and_resolve_references()
   config.tokenizer = os.path.abspath(tokenizer_path)
   config.model.update(fields)
   config.model.update(experts=experts, init_generation_from_understanding=experts == "mode",
@@ -94,10 +101,35 @@ def vocabulary(hf_dir: str, vocab: int) -> int:
   return size
 
 
+def check_tied_head(reader: hf_io.SafetensorsReader, entries: list[hf_arch.Entry]) -> None:
+  """Some published tied checkpoints store the head anyway (mlx-lm drops it on load): it
+  is accepted, and dropped, when it equals the embedding, exactly or within the rounding
+  of the coarser of their two dtypes. Both are read in the same chunks of rows, as the
+  conversion reads: no whole tensor sits in memory."""
+  embed = next(e.name for e in entries if e.path == hf_arch.EMBEDDING)
+  where = reader.entries[TIED_HEAD][0]
+  differs = reader.shape(TIED_HEAD) != reader.shape(embed)
+  if not differs:
+    eps = max(ml_dtypes.finfo(reader.dtype(n)).eps for n in (TIED_HEAD, embed))
+    row_bytes = 4 * int(np.prod(reader.shape(embed)[1:]))
+    per_chunk = max(1, hf_io.CHUNK_BYTES // row_bytes)   # the same rows from both
+    for (_, head), (_, table) in zip(reader.chunks(TIED_HEAD, per_chunk),
+                                     reader.chunks(embed, per_chunk)):
+      head, table = head.astype(np.float32), table.astype(np.float32)
+      if not (np.array_equal(head, table) or np.allclose(head, table, rtol=eps, atol=0)):
+        differs = True
+        break
+  if differs:
+    raise CheckpointError(
+        f"tensor {TIED_HEAD} in {where} differs from {embed}: the checkpoint's head is not "
+        "tied although its config.json says tie_word_embeddings=true")
+
+
 def check_tensors(hf_dir: str, reader: hf_io.SafetensorsReader, imp_arch: hf_arch.Arch,
                   entries: list[hf_arch.Entry], shapes: Any, model, vocab: int) -> None:
   """Every tensor the config implies is present with its shape, and no other tensor is
-  (besides a skipped vision tower and recomputed buffers)."""
+  (besides a skipped vision tower, recomputed buffers and a tied head equal to the
+  embedding)."""
   names = reader.names()
   skipped = {n for n in names if imp_arch.skipped_prefix
              and n.startswith(imp_arch.skipped_prefix)}
@@ -109,6 +141,9 @@ def check_tensors(hf_dir: str, reader: hf_io.SafetensorsReader, imp_arch: hf_arc
     raise CheckpointError(
         f"tensor {missing[0]}{more} is missing from the safetensors files in {hf_dir}: "
         f"the weights do not match its config.json ({imp_arch.name})")
+  if imp_arch.tie and TIED_HEAD in names:
+    check_tied_head(reader, entries)
+    ignored.add(TIED_HEAD)
   extra = sorted(names - expected - skipped - ignored)
   if extra:
     raise CheckpointError(
@@ -133,7 +168,8 @@ def abstract_params(model: MoT) -> dict:
                         jax.random.PRNGKey(0))
 
 
-def plan_import(hf_dir: str, workdir: str, experts: str) -> Import:
+def plan_import(hf_dir: str, workdir: str, experts: str,
+                base: ml_collections.ConfigDict | None = None) -> Import:
   """Reads and checks everything a conversion needs; raises ConfigError or
   CheckpointError (one line) for any bad input."""
   if experts not in EXPERTS:
@@ -143,7 +179,7 @@ def plan_import(hf_dir: str, workdir: str, experts: str) -> Import:
   fields = hf_arch.model_fields(arch, where)
   vocab = fields["vocab_size"]
   fields["vocab_size"] = vocabulary(hf_dir, vocab)
-  config = run_config(fields, experts, os.path.join(hf_dir, TOKENIZER))
+  config = run_config(fields, experts, os.path.join(hf_dir, TOKENIZER), base)
   model = config_lib.validate(config)   # with the source's tokenizer.json, then the copy's:
   config.tokenizer = os.path.join(os.path.abspath(workdir), PRETRAINED, TOKENIZER)
   reader = hf_io.SafetensorsReader(hf_dir)
@@ -279,9 +315,11 @@ def write_workdir(imp: Import, params: dict, workdir: str) -> None:
     shutil.rmtree(staging, ignore_errors=True)
 
 
-def from_hf(hf_dir: str, workdir: str, experts: str = "shared") -> None:
-  """Converts the Hugging Face folder `hf_dir` into the mot workdir `workdir`."""
-  imp = plan_import(hf_dir, workdir, experts)
+def from_hf(hf_dir: str, workdir: str, experts: str = "shared",
+            config: ml_collections.ConfigDict | None = None) -> None:
+  """Converts the Hugging Face folder `hf_dir` into the mot workdir `workdir`, its run
+  config built on `config` (default: configs/digits.py's; see run_config)."""
+  imp = plan_import(hf_dir, workdir, experts, config)
   if workdir_done(workdir, imp.config):
     logging.info("%s already holds this conversion of %s: nothing to do", workdir, hf_dir)
     return
@@ -363,7 +401,7 @@ def main(argv):
   cli.configure_logging()
   with cli.clean_errors():
     if argv[1] == "from_hf":
-      from_hf(FLAGS.hf_dir, FLAGS.workdir, FLAGS.experts)
+      from_hf(FLAGS.hf_dir, FLAGS.workdir, FLAGS.experts, FLAGS.config)
     else:
       to_hf(FLAGS.workdir, FLAGS.out, FLAGS.step, FLAGS.dtype)
 
@@ -376,6 +414,13 @@ def define_flags():
                       "to_hf: the workdir whose checkpoint is exported.")
   flags.DEFINE_enum("experts", "shared", list(EXPERTS), "from_hf: 'shared' (one set of "
                     "weights) or 'mode' (the generation expert starts as a copy, BAGEL).")
+  config_flags.DEFINE_config_file(
+      "config", None, "from_hf: the run config the workdir is built on, e.g. "
+      "configs/shapes.py or configs/shapes.py:tiny (default: configs/digits.py): its data, "
+      "training and non-backbone model fields (patch_dim, modality_patch_dims, "
+      "time_embed_dim) stay, the backbone's come from config.json. Fine-tune with the "
+      "matching configs/pretrained.py variant, e.g. configs/pretrained.py:shapes.",
+      lock_config=True)
   flags.DEFINE_string("out", None, "to_hf: the folder to write (new or empty).")
   flags.DEFINE_integer("step", None, "to_hf: the checkpoint step (default: the newest).")
   flags.DEFINE_enum("dtype", "float32", sorted(hf_io.EXPORT_DTYPES),

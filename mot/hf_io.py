@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 import ml_dtypes
 import numpy as np
@@ -117,19 +117,16 @@ class SafetensorsReader:
   def shape(self, name: str) -> tuple[int, ...]:
     return tuple(self.entries[name][2]["shape"])
 
-  def read_into(self, name: str, dst: np.ndarray) -> None:
-    """Copies tensor `name` into `dst` (same shape, any float dtype, possibly a strided
-    view), CHUNK_BYTES of rows at a time."""
+  def chunks(self, name: str, per_chunk: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
+    """(first row, rows) of tensor `name` in its stored dtype, `per_chunk` rows (default:
+    CHUNK_BYTES of them) at a time: a whole tensor never sits in memory."""
     path, start, info = self.entries[name]
     dtype, shape = DTYPES[info["dtype"]], tuple(info["shape"])
-    if dst.shape != shape:
-      raise CheckpointError(f"tensor {name} has shape {list(shape)}, expected "
-                            f"{list(dst.shape)}")
     begin, _ = info["data_offsets"]
     if not shape:
       raise CheckpointError(f"tensor {name} is a scalar: no weight of the model is")
     rows, row_items = shape[0], int(np.prod(shape[1:]))
-    per_chunk = max(1, CHUNK_BYTES // max(1, row_items * dtype.itemsize))
+    per_chunk = per_chunk or max(1, CHUNK_BYTES // max(1, row_items * dtype.itemsize))
     with open(path, "rb") as f:
       for r0 in range(0, rows, per_chunk):
         r1 = min(rows, r0 + per_chunk)
@@ -138,7 +135,19 @@ class SafetensorsReader:
         buf = f.read(count * dtype.itemsize)
         if len(buf) != count * dtype.itemsize:
           raise CheckpointError(f"{path} ends inside tensor {name}: re-download it")
-        dst[r0:r1] = np.frombuffer(buf, dtype).reshape((r1 - r0,) + shape[1:])
+        yield r0, np.frombuffer(buf, dtype).reshape((r1 - r0,) + shape[1:])
+
+  def dtype(self, name: str) -> np.dtype:
+    return DTYPES[self.entries[name][2]["dtype"]]
+
+  def read_into(self, name: str, dst: np.ndarray) -> None:
+    """Copies tensor `name` into `dst` (same shape, any float dtype, possibly a strided
+    view), CHUNK_BYTES of rows at a time."""
+    if dst.shape != self.shape(name):
+      raise CheckpointError(f"tensor {name} has shape {list(self.shape(name))}, expected "
+                            f"{list(dst.shape)}")
+    for r0, rows in self.chunks(name):
+      dst[r0:r0 + len(rows)] = rows
 
   def read(self, name: str) -> np.ndarray:
     """Tensor `name` as a new float32 array."""

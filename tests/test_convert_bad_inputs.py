@@ -51,8 +51,13 @@ CASES = {
         "model.layers.1.mlp.up_proj.weight"),
     "extra tensor": (
         "qwen3_tied",
+        lambda d: edit_weights(d, lambda t: t.update({"model.layers.0.self_attn.o_proj.bias": t[
+            "model.layers.0.input_layernorm.weight"]})),
+        "model.layers.0.self_attn.o_proj.bias"),
+    "tied head differs from the embedding": (
+        "qwen3_tied",
         lambda d: edit_weights(d, lambda t: t.update({"lm_head.weight": t[
-            "model.embed_tokens.weight"]})),
+            "model.embed_tokens.weight"] * 1.01})),
         "lm_head.weight"),
     "shape disagrees with config.json": (
         "qwen3_tied", lambda d: edit_config(d, intermediate_size=64),

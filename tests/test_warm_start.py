@@ -128,3 +128,29 @@ def test_init_from_bad_inputs(converted, tmp_path, case):
               "other config": "model.vocab_size=272", "no init_from": "init_from"}[case]
   assert expected in line, line
   assert snapshot(tmp_path) == before and not (tmp_path / "run").exists()
+
+
+def test_fine_tune_on_shapes(tmp_path):
+  """`from_hf --config configs/shapes.py:tiny` keeps the shapes data's patch and timestep
+  widths, so configs/pretrained.py:shapes:tiny starts from it (configs/digits.py's
+  widths are refused) and trains the shapes task mix with the checkpoint's tokenizer; the
+  frozen understanding path keeps the checkpoint's text logits bit-identical."""
+  out, run = str(tmp_path / "converted"), str(tmp_path / "run")
+  proc = subprocess.run([sys.executable, "-m", "mot.convert", "from_hf", "--hf_dir",
+                         os.path.join(GOLDEN, "qwen3_tied"), "--workdir", out, "--experts",
+                         "mode", "--config", "configs/shapes.py:tiny"],
+                        cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  saved = ckpt_lib.saved_config(out, 0)
+  assert saved["data"]["dataset"] == "shapes" and saved["model"]["patch_dim"] == 192
+  assert saved["model"]["d_model"] == 48 and saved["model"]["tie_embeddings"]
+  config = pretrained.get_config("shapes:tiny")
+  config.init_from = out
+  config.freeze_understanding = True
+  state = train_lib.train_and_evaluate(config, run)
+  assert int(state.step) == 2
+  tokens = np.load(os.path.join(GOLDEN, "qwen3_tied", "golden.npz"))["tokens"][:, :96]
+  before, after = Pipeline.from_workdir(out), Pipeline.from_workdir(run)
+  assert after.config.tokenizer == before.config.tokenizer
+  assert after.config.data.dataset == "shapes"
+  np.testing.assert_array_equal(after.text_logits(tokens), before.text_logits(tokens))
