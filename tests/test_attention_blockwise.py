@@ -283,7 +283,7 @@ def _prompts(seed: int, n: int) -> list[dict]:
 def test_cached_decoding_blockwise_equals_dense():
   dense, tiled = _sampling_model("xla"), _sampling_model("blockwise")
   batch = sampling.pad_left(_prompts(5, 3), length=40, batch=4)
-  params = random_params(dense, sampling._prompt_inputs(  # noqa: SLF001
+  params = random_params(dense, sampling.prompt_inputs(
       jax.tree.map(jnp.asarray, batch)))
   want_tokens, want_logits = sampling.decode(dense, params, batch, 12, stop_tokens=[])
   got_tokens, got_logits = sampling.decode(tiled, params, batch, 12, stop_tokens=[])
@@ -300,7 +300,7 @@ def test_cached_prefix_denoising_blockwise_equals_dense():
   prefix = sampling.pad_left([prefix, _prompts(6, 1)[0]], length=40)
   block = sampling.block_arrays([block, block])
   noise = np.random.default_rng(0).normal(size=(2, 9, 4)).astype(np.float32)
-  params = random_params(dense, sampling._prompt_inputs(  # noqa: SLF001
+  params = random_params(dense, sampling.prompt_inputs(
       jax.tree.map(jnp.asarray, prefix)), seed=1)
   kw = dict(steps=3, cfg_scale=2.0)
   want = sampling.denoise(dense, params, prefix, block, noise, **kw)
