@@ -65,7 +65,7 @@ def main(argv):
   model, params = pipe.model, pipe.params
   rng = np.random.default_rng(0)
   n = FLAGS.new_tokens
-  decode_fn = sampling._decode_fn(model, sampling.round_up(n + 1, 16))  # pylint: disable=protected-access
+  decode_fn = sampling.decode_fn(model, sampling.round_up(n + 1, 16))
   forward = jax.jit(functools.partial(model.apply, method=MoT.logits))
   stop = jnp.asarray(sampling.stop_mask([], model.cfg.vocab_size))  # never stop: full count
   load_start = os.getloadavg()[0]
@@ -84,7 +84,7 @@ def main(argv):
     t1 = timed(lambda: run(1), FLAGS.reps)
     tn = timed(lambda: run(1 + n), FLAGS.reps)
     cached = max(tn - t1, 0.0) / n
-    inputs = sampling._prompt_inputs(arrays)  # pylint: disable=protected-access
+    inputs = sampling.prompt_inputs(arrays)
     uncached = timed(lambda: jax.block_until_ready(forward({"params": params}, inputs)),
                      FLAGS.reps)
     rows.append({"context": length, "cached_ms": 1e3 * cached, "uncached_ms": 1e3 * uncached,

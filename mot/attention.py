@@ -3,10 +3,12 @@
   "xla", "cudnn"  jax.nn.dot_product_attention over a dense bool mask [B, 1, Lq, Lk];
   "blockwise"     `mot.blockwise`: tiles, the mask rule per tile from the ids, no L x L
                   array in either pass;
-  "splash"        Pallas splash attention on a TPU (`mot.splash`), the rule's mask given
-                  to it block by block;
+  "splash"        Pallas splash attention on a TPU (`mot.splash`), given the rule's dense
+                  bool mask [B, Lp, Lp] (a known limitation: docs/performance.md §8);
   "auto"          splash on a TPU, cuDNN on a GPU where it applies, blockwise for rows of
-                  at least `attention_blockwise_min_length` keys elsewhere, else XLA.
+                  at least `attention_blockwise_min_length` keys elsewhere, else XLA. With
+                  a KV cache (which splash and cuDNN have no path for here) blockwise from
+                  that many keys on every backend, else XLA.
 
 `make_mask` runs once per pass (in `MoT.trunk`) and builds only what the chosen kernel
 reads: the dense mask for the dense kernels, the ids for blockwise; every layer then calls
@@ -37,11 +39,11 @@ class AttentionMask:
   k_ids: masks.MaskIds | None = None      # [B, Lk]
 
 
-def _cudnn_applies(q) -> bool:
+def _cudnn_applies(q, backend: str) -> bool:
   """cuDNN's fused kernel: a GPU of compute capability >= 8.0, bf16/fp16 compute, head_dim
   a multiple of 8 and <= 128, an even sequence length (jax._src.cudnn's conditions for a
   masked training step)."""
-  if jax.default_backend() != "gpu" or q.dtype not in (jnp.bfloat16, jnp.float16):
+  if backend != "gpu" or q.dtype not in (jnp.bfloat16, jnp.float16):
     return False
   head_dim, length = q.shape[-1], q.shape[1]
   if head_dim % 8 or head_dim > 128 or length % 2:
@@ -50,21 +52,26 @@ def _cudnn_applies(q) -> bool:
   return float(capability) >= 8.0
 
 
-def attention_implementation(cfg: ModelConfig, q, kv_length: int | None = None) -> str:
+def attention_implementation(cfg: ModelConfig, q, kv_length: int | None = None,
+                             cached: bool = False, backend: str | None = None) -> str:
   """Which kernel runs: "xla", "cudnn", "blockwise" or "splash".
 
   JAX's own default (implementation=None) is XLA's einsum + softmax on every backend, so
   "auto" chooses here (see the module docstring). q: [B, L, H, D] in compute dtype (an
-  array or a ShapeDtypeStruct); kv_length: keys per row (default: L).
+  array or a ShapeDtypeStruct); kv_length: keys per row (default: L); cached: a KV-cache
+  call, which only blockwise and XLA serve; backend: jax.default_backend() unless given
+  (tests choose for a TPU or a GPU without one).
   """
   if cfg.attention_impl != "auto":
     return cfg.attention_impl
-  if jax.default_backend() == "tpu":
-    return "splash"
-  if _cudnn_applies(q):
-    return "cudnn"
+  backend = jax.default_backend() if backend is None else backend
   length = q.shape[1] if kv_length is None else kv_length
-  return "blockwise" if length >= cfg.attention_blockwise_min_length else "xla"
+  tiled = "blockwise" if length >= cfg.attention_blockwise_min_length else "xla"
+  if cached:
+    return tiled
+  if backend == "tpu":
+    return "splash"
+  return "cudnn" if _cudnn_applies(q, backend) else tiled
 
 
 def make_mask(cfg: ModelConfig, q_ids: masks.MaskIds, k_ids: masks.MaskIds,
@@ -76,8 +83,8 @@ def make_mask(cfg: ModelConfig, q_ids: masks.MaskIds, k_ids: masks.MaskIds,
   """
   b, lq = q_ids.segment.shape
   q = jax.ShapeDtypeStruct((b, lq, cfg.num_heads, cfg.head_dim), cfg.compute_dtype)
-  impl = attention_implementation(cfg, q, k_ids.segment.shape[1])
-  if cached and impl != "blockwise":
+  impl = attention_implementation(cfg, q, k_ids.segment.shape[1], cached=cached)
+  if cached and impl != "blockwise":   # an explicit splash or cudnn: no cached path
     impl = "xla"
   blocks = dict(block_q=cfg.attention_block_q, block_kv=cfg.attention_block_kv)
   if impl in ("blockwise", "splash"):

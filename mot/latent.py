@@ -24,7 +24,7 @@ from typing import Any
 
 from mot import patches
 from mot import vae as vae_lib
-from mot.data import latent_cache
+from mot.data import input_pipeline, latent_cache, user_data
 from mot.errors import ConfigError, field
 
 
@@ -97,12 +97,21 @@ def timestep_shift(config: Any) -> float:
   return 1.0 if base == 0 else math.sqrt(image_tokens(config) / base)
 
 
+def cache_dir(config: Any) -> str:
+  """config.data.latent_cache: "" (pixels) or a latent cache folder. Only the user datasets
+  read files a cache could hold, and their configs declare the field (configs/image_folder.py
+  and configs/video_folder.py built on it); the bundled datasets draw their own images."""
+  if config.data.dataset not in input_pipeline.USER_DATASETS:
+    return ""
+  return user_data.latent_dir(config.data)
+
+
 def check(config: Any) -> None:
   """A latent run's fields agree: a user image dataset with a latent cache, and patches
   whose values are patch_size**2 * the latent channels (one-line ConfigErrors)."""
   path = vae_dir(config)
   data = config.data
-  cache = str(data.latent_cache or "") if "latent_cache" in data else ""
+  cache = cache_dir(config)
   if not path:
     if cache:
       raise ConfigError(f"config.data.latent_cache={cache} is set but config.latent.vae is "

@@ -173,7 +173,9 @@ def _row_keys(rng: Array, row_id: Array, step) -> Array:
 # ----------------------------------------------------------------------------------------
 # AR decoding.
 # ----------------------------------------------------------------------------------------
-def _prompt_inputs(batch, index_offset: int = 0, keep=None) -> ModelInputs:
+def prompt_inputs(batch, index_offset: int = 0, keep=None) -> ModelInputs:
+  """The ModelInputs of a padded prompt batch at timestep 0: what the prefill of `decode_fn`
+  (and a bench timing it) feeds the model; `keep` and `index_offset` go to MaskIds."""
   b, l = batch["tokens"].shape
   noised = batch["dm_mask"] > 0
   return ModelInputs(
@@ -232,7 +234,7 @@ def text_logits(model: MoT, params, tokens: np.ndarray) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=32)
-def _decode_fn(model: MoT, max_new_tokens: int, views: int = 1, with_logits: bool = True):
+def decode_fn(model: MoT, max_new_tokens: int, views: int = 1, with_logits: bool = True):
   """Jitted (params, batch, rng, temperature, top_k, top_p, stop, limit, pad) -> (tokens,
   logits) for up to `max_new_tokens` (static: shapes) and `limit` (traced) tokens;
   `views` (static) groups rows into ensembles (see `decode`); without `with_logits` the
@@ -244,7 +246,7 @@ def _decode_fn(model: MoT, max_new_tokens: int, views: int = 1, with_logits: boo
     cache_len = lp + n - 1
     apply = functools.partial(model.apply, {"params": params}, method=MoT.logits)
     gen_ids = _generated_ids(batch, n)
-    prompt = _prompt_inputs(batch)
+    prompt = prompt_inputs(batch)
     cache_ids = _concat_ids(prompt.mask_ids, gen_ids)
     cache = init_cache(model.cfg, b, cache_len)
     logits, cache = apply(prompt, cache=cache, cache_index=0, cache_ids=cache_ids)
@@ -321,7 +323,7 @@ def decode(model: MoT, params, batch: dict[str, np.ndarray], max_new_tokens: int
   if isinstance(rng, int):
     rng = jax.random.PRNGKey(rng)
   # Shapes are bucketed (multiples of 16 tokens) so that most calls share one compile.
-  fn = _decode_fn(model, round_up(int(max_new_tokens), 16), int(views), bool(with_logits))
+  fn = decode_fn(model, round_up(int(max_new_tokens), 16), int(views), bool(with_logits))
   arrays = {k: jnp.asarray(v) for k, v in batch.items()}
   tokens, logits = fn(params, arrays, rng, jnp.float32(temperature), jnp.int32(top_k),
                       jnp.float32(top_p),
@@ -370,7 +372,7 @@ def cached_block_velocity(model: MoT, params, prefix, block, keep):
       index=jnp.broadcast_to(lp + jnp.arange(m, dtype=jnp.int32), (b, m)),
       segment=jnp.broadcast_to(prefix["segment_ids"][:, -1:], (b, m)),
       block=block["block_ids"], noised=jnp.ones((b, m), bool), keep=jnp.ones((b, m), bool))
-  prompt = _prompt_inputs(prefix, keep=keep)
+  prompt = prompt_inputs(prefix, keep=keep)
   cache_ids = _concat_ids(prompt.mask_ids, block_ids)
   _, _, cache = model.apply({"params": params}, prompt, cache=init_cache(model.cfg, b, lp + m),
                             cache_index=0, cache_ids=cache_ids, method=MoT.trunk)

@@ -221,6 +221,23 @@ def test_auto_runs_blockwise_from_the_configured_length_off_gpu_and_tpu():
   assert attention.attention_implementation(cfg, q(1), kv_length=64) == "blockwise"
 
 
+@pytest.mark.parametrize("backend", ["cpu", "gpu", "tpu"])
+def test_auto_runs_cached_calls_blockwise_from_the_configured_length_on_every_backend(backend):
+  """Issue #41: a long KV cache (decoding, cached-prefix denoising) takes blockwise on a TPU
+  and a GPU too: splash and cuDNN have no cached path, and XLA would hold [Lq, Lk] scores.
+  The backend is a parameter, so each one's choice is checked on any machine."""
+  cfg = dataclasses.replace(CFG, attention_blockwise_min_length=64, dtype="bfloat16")
+  choose = functools.partial(attention.attention_implementation, cfg, backend=backend)
+  step = jax.ShapeDtypeStruct((1, 1, 4, 8), jnp.bfloat16)         # one decoded token
+  assert choose(step, kv_length=63, cached=True) == "xla"
+  assert choose(step, kv_length=64, cached=True) == "blockwise"
+  assert choose(jax.ShapeDtypeStruct((1, 64, 4, 8), jnp.bfloat16), cached=True) == "blockwise"
+  # Uncached rows keep their kernel: splash on a TPU; blockwise where cuDNN cannot run
+  # (float32 compute), as on a CPU.
+  row = jax.ShapeDtypeStruct((1, 64, 4, 8), jnp.float32)
+  assert choose(row) == ("splash" if backend == "tpu" else "blockwise")
+
+
 def test_bad_block_fields_and_splash_off_tpu_are_config_errors():
   for name in ("attention_block_q", "attention_block_kv", "attention_blockwise_min_length"):
     for bad in (0, -8, 1.5, True):
@@ -283,7 +300,7 @@ def _prompts(seed: int, n: int) -> list[dict]:
 def test_cached_decoding_blockwise_equals_dense():
   dense, tiled = _sampling_model("xla"), _sampling_model("blockwise")
   batch = sampling.pad_left(_prompts(5, 3), length=40, batch=4)
-  params = random_params(dense, sampling._prompt_inputs(  # noqa: SLF001
+  params = random_params(dense, sampling.prompt_inputs(
       jax.tree.map(jnp.asarray, batch)))
   want_tokens, want_logits = sampling.decode(dense, params, batch, 12, stop_tokens=[])
   got_tokens, got_logits = sampling.decode(tiled, params, batch, 12, stop_tokens=[])
@@ -300,7 +317,7 @@ def test_cached_prefix_denoising_blockwise_equals_dense():
   prefix = sampling.pad_left([prefix, _prompts(6, 1)[0]], length=40)
   block = sampling.block_arrays([block, block])
   noise = np.random.default_rng(0).normal(size=(2, 9, 4)).astype(np.float32)
-  params = random_params(dense, sampling._prompt_inputs(  # noqa: SLF001
+  params = random_params(dense, sampling.prompt_inputs(
       jax.tree.map(jnp.asarray, prefix)), seed=1)
   kw = dict(steps=3, cfg_scale=2.0)
   want = sampling.denoise(dense, params, prefix, block, noise, **kw)

@@ -33,7 +33,9 @@ def unset_fields(config: Any) -> list[str]:
   """The names of the fields `fill_from_data` would fill (empty once filled)."""
   data, model, sample = (field(config, k) for k in ("data", "model", "sample"))
   unset = []
-  if "image_size" in data and _is_unset(data.image_size):
+  # Only the user datasets leave image_size to their files (the bundled ones fix it, and
+  # the moving digits' configs name a canvas_size instead).
+  if data.dataset in input_pipeline.USER_DATASETS and _is_unset(data.image_size):
     unset.append("config.data.image_size")
   for section, name, where in ((data, "channels", "data"), (data, "patch_dim", "data"),
                                (model, "modality_patch_dims", "model"),
@@ -72,7 +74,7 @@ def fill_from_data(config: Any) -> str | None:
   try:
     scan = (input_pipeline.scan_user(data) if data.dataset in input_pipeline.USER_DATASETS
             else None)
-    cache = latent_cache.read_meta(data.latent_cache) if _cache_dir(data) else None
+    cache = latent_cache.read_meta(data.latent_cache) if latent.cache_dir(config) else None
   except ValueError as e:
     raise ConfigError(" ".join(str(e).split())) from None
   chosen = []
@@ -107,15 +109,11 @@ def fill_from_data(config: Any) -> str | None:
   return line
 
 
-def _cache_dir(data: Any) -> str:
-  return str(data.latent_cache or "") if "latent_cache" in data else ""
-
-
 def _absolute_paths(config: Any) -> None:
   """The VAE and the latent cache by absolute path: sampling may run elsewhere."""
   if latent.vae_dir(config):
     config.latent.vae = os.path.abspath(config.latent.vae)
-  if _cache_dir(config.data):
+  if latent.cache_dir(config):
     config.data.latent_cache = os.path.abspath(config.data.latent_cache)
 
 
