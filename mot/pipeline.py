@@ -184,7 +184,8 @@ class Pipeline:
     """Refuses `what` (an option or method that needs clips, or with `actions` clips
     with actions: the moving digits) on a checkpoint trained on other data."""
     if not self.is_video or (actions and self.dataset != "moving_digits"):
-      if actions and self.is_video:   # shapes_video: its world model names the agent
+      if actions and self.is_video and self.dataset not in input_pipeline.VIDEO_DATASETS:
+        # shapes_video: its world model names the agent
         raise InputError(f"{what} moves the moving digits; a shapes_video world model needs "
                          "its agent named: use mot.eval_shapes_video.predict_clips")
       need = ("'moving_digits' (clips with actions)" if actions
