@@ -7,7 +7,9 @@ Digits checkpoints get the digits protocol (`mot.eval_digits`: reasoning accurac
 generation accuracy by an independent judge, Fréchet distance beside its floor);
 moving-digits checkpoints the video protocol (`mot.eval_video`); Shapes checkpoints the
 Shapes protocol (`mot.eval_shapes`: GenEval-style generation scores by a detector, VQA
-per question type, captioning, think-then-draw, Fréchet distance beside its floor); runs
+per question type, captioning, think-then-draw, Fréchet distance beside its floor);
+Shapes video checkpoints `mot.eval_shapes_video` (the Shapes detector on every frame:
+caption -> clip, clip QA, world model against the simulator, inverse dynamics); runs
 on your own images or clips the user-data protocol (`mot.eval_user`: caption exact match
 and similarity on the held-out pairs, real and drawn samples side by side).
 
@@ -31,13 +33,16 @@ from mot import cli, media
 from mot.errors import InputError
 from mot.eval_digits import evaluate_digits
 from mot.eval_shapes import evaluate_shapes, format_line
+from mot.eval_shapes_video import evaluate_shapes_video
+from mot.eval_shapes_video import format_line as format_video_line
 from mot.eval_user import evaluate_user
 from mot.eval_video import evaluate_video
 
+SET_PROTOCOLS = ("shapes", "shapes_video")   # fixed evaluation sets: --set_size applies
 EVAL_FILE = "eval.json"
 SAMPLES_DIR = "samples"
 PROTOCOLS = {"digits": evaluate_digits, "moving_digits": evaluate_video,
-             "shapes": evaluate_shapes,
+             "shapes": evaluate_shapes, "shapes_video": evaluate_shapes_video,
              "image_folder": evaluate_user, "array_record": evaluate_user,
              "video_folder": evaluate_user}
 
@@ -51,13 +56,13 @@ def evaluate_pipeline(pipe, samples_per_digit: int = 20, steps=None, cfg_scale=N
   if dataset not in PROTOCOLS:
     raise InputError(f"mot.evaluate has no protocol for config.data.dataset={dataset!r} "
                      f"(it has: {sorted(PROTOCOLS)})")
-  if dataset in ("moving_digits", "shapes"):
+  if dataset in ("moving_digits", *SET_PROTOCOLS):
     if reason_shifts:
       raise InputError(f"--reason_shifts applies to the digits; this is a {dataset} "
                        "checkpoint: drop it")
-    if dataset == "shapes":  # samples_per_digit: images per evaluation prompt
-      return evaluate_shapes(pipe, samples_per_digit, steps, cfg_scale, sampler, seed,
-                             set_size)
+    if dataset in SET_PROTOCOLS:  # samples_per_digit: images (clips) per prompt
+      return PROTOCOLS[dataset](pipe, samples_per_digit, steps, cfg_scale, sampler, seed,
+                                set_size)
     return evaluate_video(pipe, samples_per_digit, steps, cfg_scale, sampler, seed)
   if PROTOCOLS[dataset] is evaluate_user:
     if reason_shifts:
@@ -93,15 +98,21 @@ def write_sample_files(workdir: str, result: dict[str, Any]) -> np.ndarray:
   samples = os.path.join(workdir, SAMPLES_DIR)
   os.makedirs(samples, exist_ok=True)
   result["grid"] = os.path.join(samples, f"grid_step_{step}.png")
+  world_model = result.pop("_world_model_clips", None)
+  if world_model is not None:  # top row the real clips, bottom row the predicted ones
+    result["world_model_gif"] = os.path.join(samples, f"world_model_step_{step}.gif")
+    _save_grid_gif(result["world_model_gif"], np.concatenate(world_model))
+  if result.get("shapes_video"):  # clips [N, T, S, S, 3]: one row per clip, T columns
+    grid_image = media.grid(images.reshape(-1, *images.shape[2:]), rows=len(images))
+    result["gif"] = os.path.join(samples, f"clips_step_{step}.gif")
+    _save_grid_gif(result["gif"], images)
+    media.save_png(result["grid"], grid_image)
+    return grid_image
   if result.get("shapes"):  # one row per (split, category), its first images
     grid_image = media.grid(images, rows=result.pop("_grid_rows"))
     media.save_png(result["grid"], grid_image)
     return grid_image
   per_digit = result["samples_per_digit"]
-  world_model = result.pop("_world_model_clips", None)
-  if world_model is not None:  # top row the real clips, bottom row the predicted ones
-    result["world_model_gif"] = os.path.join(samples, f"world_model_step_{step}.gif")
-    _save_grid_gif(result["world_model_gif"], np.concatenate(world_model))
   grid_image = result.pop("_grid", None)   # the user-data protocol draws its own grid
   if grid_image is not None:
     pass
@@ -137,6 +148,8 @@ def format_result(r: dict[str, Any]) -> str:
   on = "" if r.get("split", "held-out") == "held-out" else " (validation split)"
   if r.get("shapes"):
     return format_line(r)
+  if r.get("shapes_video"):
+    return format_video_line(r)
   if r.get("protocol") == "user":
     return (f"step {r['step']}: caption exact match {100 * r['caption_exact_match']:.1f}% "
             f"(similarity {r['caption_similarity']:.2f}) on {r['heldout_pairs']} held-out "
@@ -169,7 +182,7 @@ def main(argv):
   cli.configure_logging()
   with cli.clean_errors():
     pipe = Pipeline.from_workdir(FLAGS.workdir, use_ema=not FLAGS.no_ema, step=FLAGS.step)
-    if FLAGS.set_size is not None and not pipe.is_shapes:
+    if FLAGS.set_size is not None and pipe.dataset not in SET_PROTOCOLS:
       raise InputError("--set_size sizes the Shapes sets; this checkpoint was trained on "
                        f"{pipe.config.data.dataset!r}: drop it")
     result = evaluate_pipeline(pipe, samples_per(pipe, FLAGS.samples_per_digit), FLAGS.steps,
@@ -182,12 +195,14 @@ def main(argv):
 
 
 def samples_per(pipe, flag: int | None) -> int:
-  """--samples_per_digit, or its default: 20 per digit; for Shapes, the run's
-  config.eval_samples_per_digit images per prompt (1 where 0 only turned the in-training
+  """--samples_per_digit, or its default: 20 per digit; for Shapes (video), the run's
+  config.eval_samples_per_digit images (clips) per prompt (1 where 0 only turned the in-training
   protocol off)."""
   if flag is not None:
     return flag
-  return max(1, int(pipe.config.eval_samples_per_digit)) if pipe.is_shapes else 20
+  if pipe.dataset in SET_PROTOCOLS:
+    return max(1, int(pipe.config.eval_samples_per_digit))
+  return 20
 
 
 FLAGS = flags.FLAGS

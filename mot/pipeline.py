@@ -94,7 +94,7 @@ class Pipeline:
     self.tokenizer = tokenizer_lib.from_config(config)   # validate() has loaded it
     data, sample = config.data, config.sample
     self.dataset = str(data.dataset)
-    self.is_video = self.dataset in input_pipeline.VIDEO_DATASETS
+    self.is_video = self.dataset in input_pipeline.CLIP_DATASETS
     self.is_shapes = self.dataset == shapes_tasks.DATASET   # no reading window either
     self.patch_size = int(data.patch_size)
     self.channels = int(data.channels)
@@ -184,8 +184,12 @@ class Pipeline:
     """Refuses `what` (an option or method that needs clips, or with `actions` clips
     with actions: the moving digits) on a checkpoint trained on other data."""
     if not self.is_video or (actions and self.dataset != "moving_digits"):
+      if actions and self.is_video and self.dataset not in input_pipeline.VIDEO_DATASETS:
+        # shapes_video: its world model names the agent
+        raise InputError(f"{what} moves the moving digits; a shapes_video world model needs "
+                         "its agent named: use mot.eval_shapes_video.predict_clips")
       need = ("'moving_digits' (clips with actions)" if actions
-              else " or ".join(repr(d) for d in input_pipeline.VIDEO_DATASETS))
+              else " or ".join(repr(d) for d in input_pipeline.CLIP_DATASETS))
       raise InputError(f"{what} needs a video checkpoint (config.data.dataset={need}); "
                        f"this one was trained on {self.dataset!r}")
 
@@ -390,7 +394,7 @@ class Pipeline:
                                          seed))
     t = opts.check_num_frames(self.num_frames if num_frames is None else num_frames)
     rows = [p for p in prompts for _ in range(num_samples)]
-    return self._draw_clips(
+    return self.draw_clips(
         lambda r, drawn: self.prompts.video_generation_example(rows[r], t, drawn),
         len(rows), t, steps, cfg_scale, sampler, seed)
 
@@ -415,7 +419,7 @@ class Pipeline:
     frames, _ = self.unit_images(first_frames)
     actions = action_chunks(actions, len(frames))
     rows = [(f, a) for f, a in zip(frames, actions) for _ in range(num_samples)]
-    predicted = self._draw_clips(
+    predicted = self.draw_clips(
         lambda r, drawn: self.prompts.world_model_example(*rows[r], drawn), len(rows),
         actions.shape[1], steps, cfg_scale, sampler, seed)
     first = np.repeat(frames, num_samples, axis=0)[:, None]
@@ -435,7 +439,7 @@ class Pipeline:
     x0 = self.denoise(examples, 1, steps, 1.0, sampler, seed)
     return x0[..., :self.model_cfg.modality_patch_dims[3]].astype(np.float32)
 
-  def _draw_clips(self, make_example, rows: int, num_frames: int, steps, cfg_scale, sampler,
+  def draw_clips(self, make_example, rows: int, num_frames: int, steps, cfg_scale, sampler,
                   seed) -> np.ndarray:
     """float32 [rows, num_frames, H, W] in [0, 1]; make_example(row, drawn) -> example.
 

@@ -15,7 +15,8 @@ from mot import config as config_lib
 from mot import config_upgrade, latent, sharding
 from mot import step as step_lib
 from mot import vae as vae_lib
-from mot.data import input_pipeline, moving_digits, shapes_grammar, shapes_tasks, tasks
+from mot.data import (input_pipeline, moving_digits, shapes_grammar, shapes_tasks,
+                      shapes_video_tasks, tasks)
 from mot.errors import CheckpointError, ConfigError
 from mot.model import MoT, inputs_from_batch
 
@@ -39,6 +40,8 @@ def run_question(config: Any) -> str:
     return moving_digits.QUESTION if dataset == "moving_digits" else tasks.QUESTION
   if dataset == shapes_tasks.DATASET:
     return shapes_grammar.DESCRIBE_QUESTION
+  if dataset == shapes_video_tasks.DATASET:
+    return shapes_grammar.COUNT_QUESTION
   return str(config.data.question)
 
 

@@ -14,7 +14,8 @@ integer, which makes checkpoint/resume exact.
 `config.data.dataset` picks the pairs: "digits" (image, label), "moving_digits" (the same
 digits, each example a clip of it moving, drawn from the example's rng: see
 `mot.data.moving_digits`; video tasks only), "shapes" (procedural RGB scenes, each example
-drawn from the example's rng: see `mot.data.shapes_tasks`; shapes tasks only), your own
+drawn from the example's rng: see `mot.data.shapes_tasks`; shapes tasks only),
+"shapes_video" (the same scenes moving, with an agent: `mot.data.shapes_video_tasks`), your own
 (image, caption) pairs, "image_folder" and "array_record" (see `mot.data.user_data`), or
 (clip, caption) pairs, "video_folder" (`mot.data.user_video`).
 """
@@ -31,6 +32,7 @@ from mot.data import digits
 from mot.data import moving_digits
 from mot.data import packing
 from mot.data import shapes_tasks
+from mot.data import shapes_video_tasks
 from mot.data import tasks
 from mot.data import user_data
 from mot.data import user_video
@@ -39,16 +41,20 @@ from mot.tokenizer import BYTE_TOKENIZER as BYTES
 from mot.tokenizer import Tokenizer
 
 EPOCHS = 10**12 // 2000  # ~5e8 epochs of the digits: more than any run consumes
-DATASETS = ("digits", "moving_digits", "shapes", "image_folder", "array_record",
-            "video_folder")
+DATASETS = ("digits", "moving_digits", "shapes", "shapes_video", "image_folder",
+            "array_record", "video_folder")
 DIGIT_DATASETS = ("digits", "moving_digits")  # labelled bundled digits, fixed split
-PROCEDURAL_DATASETS = (shapes_tasks.DATASET,)   # scenes drawn per example, not read
+# Scenes drawn per example, not read: dataset -> its task module (DATASET, MEDIA,
+# validate, build_example, max_example_length, heldout_examples, HELDOUT_ALIASES).
+PROCEDURAL = {shapes_tasks.DATASET: shapes_tasks, shapes_video_tasks.DATASET: shapes_video_tasks}
+PROCEDURAL_DATASETS = tuple(PROCEDURAL)
 # Your own files: mot.data.user_data (images), mot.data.user_video (clips).
 USER_DATASETS = ("image_folder", "array_record", user_video.DATASET)
 VIDEO_DATASETS = ("moving_digits", user_video.DATASET)   # clips: video tasks only
+CLIP_DATASETS = (*VIDEO_DATASETS, shapes_video_tasks.DATASET)  # Pipeline draws / reads clips
 # The kind of example (Task.media) each dataset makes; the others make "image" examples.
 DATASET_MEDIA = {**{name: "video" for name in VIDEO_DATASETS},
-                 shapes_tasks.DATASET: shapes_tasks.MEDIA}
+                 **{name: module.MEDIA for name, module in PROCEDURAL.items()}}
 
 
 def make_train_dataset(data_config: Any, seed: int, batch_size: int,
@@ -109,8 +115,9 @@ def heldout_examples(data_config: Any, task: str, tokenizer: Tokenizer = BYTES
   if data_config.dataset in VIDEO_DATASETS:  # train_lib asks for the image tasks' names
     task = moving_digits.HELDOUT_ALIASES.get(task, task)
   if data_config.dataset in PROCEDURAL_DATASETS:  # fixed evaluation sets, no pairs
-    task = shapes_tasks.HELDOUT_ALIASES.get(task, task)
-    return shapes_tasks.heldout_examples(
+    module = PROCEDURAL[data_config.dataset]
+    task = module.HELDOUT_ALIASES.get(task, task)
+    return module.heldout_examples(
         task, validate(data_config, task_names=(task,), tokenizer=tokenizer))
   options = validate(data_config, task_names=(task,), tokenizer=tokenizer)
   pairs, build = heldout_pairs(data_config), _build_fn(data_config)
@@ -267,7 +274,7 @@ def validate(data_config: Any, task_names: tuple[str, ...] | None = None,
                       "pairs: set config.data.num_heldout instead and leave "
                       "validation_size at 0"))
   if dataset in PROCEDURAL_DATASETS:
-    options = shapes_tasks.validate(data_config, tokenizer)
+    options = PROCEDURAL[dataset].validate(data_config, tokenizer)
     task_names = _check_media(data_config, task_names)
     _check_lengths(data_config, options, task_names)
     return options
@@ -298,7 +305,7 @@ def _check_media(data_config: Any, task_names: tuple[str, ...] | None) -> tuple[
   dataset = data_config.dataset
   wanted = DATASET_MEDIA.get(dataset, "image")
   needs = {"video": f"dataset in {VIDEO_DATASETS}",
-           shapes_tasks.MEDIA: f"dataset={shapes_tasks.DATASET!r}"}
+           **{m.MEDIA: f"dataset={m.DATASET!r}" for m in PROCEDURAL.values()}}
   for name in task_names:
     media = tasks.get_task(name).media
     if media != wanted:
@@ -316,7 +323,8 @@ def _check_lengths(data_config: Any, options: tasks.TaskOptions, task_names) -> 
     lengths = {name: tasks.max_example_length(name, options) for name in task_names}
     why = ""
   elif data_config.dataset in PROCEDURAL_DATASETS:
-    lengths = {name: shapes_tasks.max_example_length(name, options) for name in task_names}
+    module = PROCEDURAL[data_config.dataset]
+    lengths = {name: module.max_example_length(name, options) for name in task_names}
     why = " (the grammar's longest texts)"
   else:  # Opens and checks every file once (cached): errors surface here, not in grain.
     data = open_user(data_config)
@@ -484,7 +492,7 @@ class _IndexPairs:
 def _build_fn(data_config: Any):
   """(task name, image, label or caption, options, rng, shift) -> example."""
   return {"digits": tasks.build_example, "moving_digits": tasks.build_video_example,
-          shapes_tasks.DATASET: shapes_tasks.build_example,
+          **{name: m.build_example for name, m in PROCEDURAL.items()},
           user_video.DATASET: user_video.build_example}.get(data_config.dataset,
                                                             user_data.build_example)
 
@@ -498,8 +506,8 @@ def _split_pairs(data_config: Any, heldout: bool):
   if data_config.dataset in PROCEDURAL_DATASETS:
     if heldout:  # evaluation reads the fixed sets of mot.data.shapes instead
       raise ValueError(f"config.data.dataset={data_config.dataset!r} has no held-out pairs: "
-                       "its evaluation sets are mot.data.shapes' (mot.eval_shapes)")
-    return _IndexPairs(shapes_tasks.VIRTUAL_PAIRS)
+                       "its evaluation sets are fixed (mot.eval_shapes, mot.eval_shapes_video)")
+    return _IndexPairs(PROCEDURAL[data_config.dataset].VIRTUAL_PAIRS)
   if data_config.dataset in DATASETS:
     split = open_user(data_config)
     return split.heldout if heldout else split.train
