@@ -64,11 +64,13 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.data.shapes.shapes = ("square", "circle", "triangle")  # shapes drawn
   c.data.shapes.heldout_pairs = (    # (colour, shape) pairs never trained on
       ("blue", "triangle"), ("yellow", "circle"), ("magenta", "square"))
-  c.data.seq_len = 256               # row length in tokens (the longest example, think-then-
-                                     # draw, is 122; several examples are packed a row)
+  c.data.seq_len = 320               # row length in tokens (the longest examples, VQA with
+                                     # three questions and think-then-draw, are ~120-205;
+                                     # several examples are packed a row)
   c.data.examples_per_row = 4        # examples packed per row (~55 tokens each on average)
-  c.data.vqa_questions = 1           # questions (with answers) a shapes_vqa example asks of
+  c.data.vqa_questions = 3           # questions (with answers) a shapes_vqa example asks of
                                      # its image: more answers for the same image tokens
+                                     # (docs/results.md §6)
   c.data.patch_size = PATCH          # 32x32 scene -> (32/8)^2 = 16 patches
   c.data.patch_dim = PATCH_DIM       # width of the patches field (>= patch_size**2 * 3)
   c.data.shift_pixels = 0            # unused: scenes are drawn anew for every example
@@ -94,6 +96,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.model.time_embed_dim = 192       # sinusoidal timestep features
   c.model.patch_dim = c.data.get_ref("patch_dim")  # P, shared with the data
   c.model.modality_patch_dims = (0, PATCH_DIM, PATCH_DIM, 2)  # text/image/video/action
+  c.model.dm_prediction = "x"        # the DM head predicts x0: a 192-wide patch is as wide as
+                                     # the model, and a velocity head paints blocks there
+                                     # (docs/results.md §6, docs/design.md §4)
 
   # ---- Sampling defaults (sample.py, evaluation). ----
   c.sample.steps = 24                # denoising steps
@@ -111,6 +116,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.eval_set_size = 2
     c.data.seq_len = 128             # one think-then-draw example (122 tokens) a row
     c.data.examples_per_row = 1
+    c.data.vqa_questions = 1         # so that one VQA example fits the 128-token row
     c.sample.context_length = 128
     c.sample.steps = 3
     c.model.d_model = 64             # the digits' tiny model (seconds to compile)

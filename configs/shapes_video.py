@@ -56,6 +56,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
 
   # ---- Data (the scene fields, image_size, channels and patches are configs/shapes.py's).
   c.data.dataset = "shapes_video"    # moving Shapes scenes drawn per example
+  c.data.vqa_questions = 1           # still-image VQA field (shapes_vqa, not trained here)
+  c.model.dm_prediction = "velocity"  # the DM head as results §8's run trained it (configs/
+                                     # shapes.py predicts x0; not yet tried on clips)
   c.data.num_frames = FRAMES         # frames per clip
   c.data.context_frames = CONTEXT    # world model: frames given before the predicted ones
   c.data.video_layout = "frames"     # generated frames: one block a frame, teacher forced

@@ -113,12 +113,13 @@ def _upgrade_to_v4(config: dict) -> None:
 # several questions (data.vqa_questions); every earlier run predicted the velocity and
 # asked one.
 _V5_MODEL = {"dm_prediction": "velocity", "dm_min_time": 0.05}
-_V5_DATA_BY_DATASET = {"shapes": {"vqa_questions": 1}}
+_V5_DATA_BY_DATASET = {"shapes": {"vqa_questions": 1},
+                       "video_folder": {"latent_cache": ""}}   # clips never had latents
 
 
 def _upgrade_to_v5(config: dict) -> None:
   """Version 4 -> 5: model.dm_prediction (velocity), model.dm_min_time and, for Shapes,
-  data.vqa_questions (one)."""
+  data.vqa_questions (one); video folders' data.latent_cache (none), now read by name."""
   _fill(config.setdefault("model", {}), _V5_MODEL)
   data = config.setdefault("data", {})
   _fill(data, _V5_DATA_BY_DATASET.get(data.get("dataset"), {}))
