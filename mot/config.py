@@ -106,8 +106,7 @@ def validate_model(m: ModelConfig) -> None:
   """Checks that the model fields are consistent with each other."""
   for name in ("d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim",
                "mlp_dim", "patch_dim", "time_embed_dim"):
-    value = getattr(m, name)
-    _check(isinstance(value, int) and value > 0,
+    _check(isinstance(value := getattr(m, name), int) and value > 0,
            f"config.model.{name}={value!r} must be a positive integer")
   _check(m.num_heads % m.num_kv_heads == 0,
          f"config.model.num_heads={m.num_heads} is not divisible by "

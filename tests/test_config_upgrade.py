@@ -116,4 +116,5 @@ def test_a_version_4_config_keeps_predicting_the_velocity():
   saved = dict(config_upgrade.saved_form(current), config_version=4)
   del saved["model"]["dm_prediction"], saved["model"]["dm_min_time"]
   del saved["data"]["vqa_questions"]
+  current.model.dm_prediction = "velocity"   # today's Shapes default predicts x0
   assert config_upgrade.upgrade_config(saved).to_dict() == current.to_dict()
