@@ -67,7 +67,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.data.seq_len = 320               # row length in tokens (the longest examples, VQA with
                                      # three questions and think-then-draw, are ~120-205;
                                      # several examples are packed a row)
-  c.data.examples_per_row = 4        # examples packed per row (~55 tokens each on average)
+  c.data.examples_per_row = 4        # examples packed per row (~75 tokens each on average)
   c.data.vqa_questions = 3           # questions (with answers) a shapes_vqa example asks of
                                      # its image: more answers for the same image tokens
                                      # (docs/results.md §6)
