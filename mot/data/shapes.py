@@ -217,16 +217,22 @@ def vqa_example(seed: int, index: int, options: ShapesOptions = DEFAULT_OPTIONS,
   return _question(rng, qtype, options, None, target)
 
 
+def vqa_types(options: ShapesOptions = DEFAULT_OPTIONS) -> tuple[str, ...]:
+  """The one-word question types VQA examples ask ("describe" is the caption task's)."""
+  return tuple(q for q in available_qtypes(options) if q != "describe")
+
+
 def more_questions(seed: int, index: int, scene: Scene, first: grammar.QA, n: int,
                    options: ShapesOptions = DEFAULT_OPTIONS) -> tuple[grammar.QA, ...]:
-  """Up to `n` further questions about the scene of `vqa_example(seed, index)`, none
-  repeating `first` or each other: a type drawn uniformly among those the scene can be
-  asked ("describe" excepted), then a question of it uniformly. They let one image carry
-  several answers; unlike the first, their answers are not balanced."""
+  """Up to `n` further questions about `scene` (a VQA example's, whose question is
+  `first`), drawn by (seed, index), none repeating `first` or each other: a type drawn
+  uniformly among the `vqa_types` the scene can still be asked, then a question of it
+  uniformly. They let one image carry several answers; unlike the first, their answers
+  are not balanced."""
   rng = shapes_scene.rng_for("train/vqa_more", seed, index)
-  qtypes = [q for q in available_qtypes(options) if q != "describe"]
+  qtypes = vqa_types(options)
   asked, out = {first.question}, []
-  pool = {q: [a for a in grammar.questions(scene, options.colors, (q,))] for q in qtypes}
+  pool = {q: list(grammar.questions(scene, options.colors, (q,))) for q in qtypes}
   while len(out) < n:
     open_types = [q for q in qtypes if any(a.question not in asked for a in pool[q])]
     if not open_types:

@@ -126,11 +126,6 @@ def think_draw_example(context: np.ndarray, prompt: str, answer: str, image: np.
   return b.build()
 
 
-def vqa_types(options: shapes_scene.ShapesOptions) -> tuple[str, ...]:
-  """The question types `shapes_vqa` asks ("describe" is `shapes_caption`'s)."""
-  return tuple(q for q in shapes.available_qtypes(options) if q != "describe")
-
-
 # ------------------------------------------------------------------------ the tasks
 
 
@@ -142,7 +137,7 @@ def _generation(image, key, options: ShapesTaskOptions, variant: int):
 
 def _vqa(image, key, options: ShapesTaskOptions, variant: int):
   del image, variant
-  qtypes = vqa_types(options.scene)
+  qtypes = shapes.vqa_types(options.scene)
   qtype = qtypes[key % len(qtypes)]
   scene, qa = shapes.vqa_example(0, key // len(qtypes), options.scene, qtype)
   more = shapes.more_questions(0, key, scene, qa, options.vqa_questions - 1, options.scene)
@@ -234,7 +229,7 @@ def heldout_examples(task: str, options: ShapesTaskOptions,
       out.append(generation_example(prompt, shapes_scene.render(scene), options))
     return out
   if task == "shapes_vqa":
-    qtypes = vqa_types(options.scene)
+    qtypes = shapes.vqa_types(options.scene)
     items = [shapes.vqa_set(q, split, n // len(qtypes) + 1, options.scene)[i // len(qtypes)]
              for i, q in zip(range(n), (qtypes * n)[:n])]
     return [reading_example(shapes_scene.render(s), qa.question, qa.answer, options)
