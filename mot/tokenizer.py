@@ -1,7 +1,7 @@
 """Tokenizers: the `Tokenizer` interface, the byte-level tokenizer and a pretrained model's
 tokenizer.json; `from_config(config)` returns the one `config.tokenizer` names.
 
-`ByteTokenizer` ("bytes", the bundled configs' default): bytes need no trained vocabulary,
+`ByteTokenizer` ("bytes", the bundled configs' default but Shapes'): bytes need no trained vocabulary,
 cover every language, and keep the unembedding tiny, which suits a small research model.
 Layout of its 272 ids:
 
@@ -9,6 +9,10 @@ Layout of its 272 ids:
   3/4 image begin/end, 5/6 video begin/end, 7/8 action begin/end (from `mot.modalities`),
   9/10 audio begin/end (reserved), 11..15 reserved,
   16 + b for byte b in 0..255.
+
+`WordTokenizer` ("bytes+NAME", configs/shapes.py's "bytes+shapes"): the byte ids above, then
+one id per word of the list `WORD_LISTS[NAME]`, with and without a leading space; any
+other text falls back to bytes, so every text still encodes and decodes exactly.
 
 `HFTokenizer` (the path of a Hugging Face tokenizer.json, e.g. a converted Qwen3's): text
 ids are the file's own; BOS/EOS/PAD are the tokens its sibling tokenizer_config.json names
@@ -22,12 +26,14 @@ import abc
 import functools
 import json
 import os
+import re
 from collections.abc import Iterable
 from typing import Any
 
 import tokenizers
 
 from mot import modalities
+from mot.data import shapes_grammar
 
 PAD = 0
 BOS = 1
@@ -37,6 +43,11 @@ AUDIO_END = 10
 BYTE_OFFSET = 16  # Ids below this are special (PAD, BOS, EOS, markers, reserved).
 VOCAB_SIZE = BYTE_OFFSET + 256
 BYTES = "bytes"   # config.tokenizer of the byte tokenizer
+# config.tokenizer "bytes+NAME": the byte tokenizer plus one id per word of list NAME.
+WORD_LISTS = {"shapes": shapes_grammar.WORDS}
+# One piece of text: a run of ASCII letters with at most one space before it, else any
+# single character (so every text splits, and the pieces rejoin it exactly).
+_PIECE = re.compile(r" ?[A-Za-z]+|.", re.DOTALL)
 
 FRAMING = ("bos", "eos", "pad")  # special tokens a tokenizer_config.json may name
 
@@ -137,6 +148,41 @@ class ByteTokenizer(Tokenizer):
 
   def end(self, modality_name: str) -> int:
     return modalities.get(modality_name).end_token
+
+
+class WordTokenizer(ByteTokenizer):
+  """The byte tokenizer plus one id per listed word, with and without a leading space
+  (ids VOCAB_SIZE + i, after the bytes): a text splits into pieces (`_PIECE`), a listed
+  piece is one id and any other piece its UTF-8 bytes. Lossless for every text, and a
+  sentence of listed words is about one id a word (the Shapes grammar's questions and
+  captions: 4-5 times fewer ids than bytes)."""
+
+  def __init__(self, words: Iterable[str]):
+    pieces = sorted({p for w in words for p in (w, " " + w)})
+    self._pieces = tuple(p.encode("utf-8") for p in pieces)
+    self._piece_ids = {p: VOCAB_SIZE + i for i, p in enumerate(pieces)}
+
+  @property
+  def vocab_size(self) -> int:
+    return VOCAB_SIZE + len(self._pieces)
+
+  def encode(self, text: str, bos: bool = False, eos: bool = False) -> list[int]:
+    ids = []
+    for piece in _PIECE.findall(text):
+      i = self._piece_ids.get(piece)
+      ids.extend([i] if i is not None else [BYTE_OFFSET + b for b in piece.encode("utf-8")])
+    return ([BOS] if bos else []) + ids + ([EOS] if eos else [])
+
+  def decode(self, ids: Iterable[int]) -> str:
+    out = bytearray()
+    for i in self._check_ids(ids):
+      if i == EOS:
+        break
+      if i >= VOCAB_SIZE:
+        out.extend(self._pieces[i - VOCAB_SIZE])
+      elif i >= BYTE_OFFSET:
+        out.append(i - BYTE_OFFSET)
+    return out.decode("utf-8", errors="replace")
 
 
 BYTE_TOKENIZER = ByteTokenizer()   # the bundled configs' tokenizer (stateless: one suffices)
@@ -255,9 +301,10 @@ class HFTokenizer(Tokenizer):
 
 @functools.lru_cache(maxsize=8)
 def load(name: str, vocab_size: int) -> Tokenizer:
-  """The tokenizer `name` ("bytes" or a tokenizer.json path) for a model of `vocab_size`
-  ids (each tokenizer.json is parsed once per process). Raises ValueError (one line) for
-  a missing or malformed file or a vocabulary that does not fit."""
+  """The tokenizer `name` ("bytes", "bytes+WORDLIST" or a tokenizer.json path) for a
+  model of `vocab_size` ids (each tokenizer.json is parsed once per process). Raises
+  ValueError (one line) for a missing or malformed file, an unknown word list or a
+  vocabulary that does not fit."""
   if name == BYTES:
     # Rows past the tokenizer's ids are padding (as published vocabularies pad theirs):
     # configs/scale.py plans Qwen3's 151,936 rows with the byte tokenizer.
@@ -265,7 +312,22 @@ def load(name: str, vocab_size: int) -> Tokenizer:
       raise ValueError(f"config.model.vocab_size={vocab_size} but the byte tokenizer has "
                        f"{VOCAB_SIZE} ids: set it to {VOCAB_SIZE} (or more)")
     return BYTE_TOKENIZER
+  if name.startswith(BYTES + "+"):
+    return _word_tokenizer(name, vocab_size)
   return HFTokenizer(name, vocab_size)
+
+
+def _word_tokenizer(name: str, vocab_size: int) -> WordTokenizer:
+  words = WORD_LISTS.get(name.removeprefix(BYTES + "+"))
+  if words is None:
+    raise ValueError(f"unknown tokenizer {name!r}: use 'bytes', "
+                     + ", ".join(f"'bytes+{k}'" for k in WORD_LISTS)
+                     + " or the path of a tokenizer.json")
+  tok = WordTokenizer(words)
+  if vocab_size < tok.vocab_size:
+    raise ValueError(f"config.model.vocab_size={vocab_size} but the {name!r} tokenizer has "
+                     f"{tok.vocab_size} ids: set it to {tok.vocab_size} (or more)")
+  return tok
 
 
 def from_config(config: Any) -> Tokenizer:

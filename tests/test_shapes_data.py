@@ -9,6 +9,7 @@ from mot import tokenizer as tok
 from mot.data import shapes
 from mot.data import shapes_grammar as grammar
 from mot.data import shapes_scene
+from mot.data import shapes_tasks
 from mot.data.shapes_scene import Scene
 from mot.data.shapes_scene import SceneObject
 
@@ -366,3 +367,19 @@ def test_a_vqa_example_asks_vqa_questions_of_one_image():
   config.data.vqa_questions = 0
   with pytest.raises(ValueError, match=r"vqa_questions=0 must be an integer in \[1, 16\]"):
     shapes_tasks.validate(config.data)
+
+
+def test_word_list_covers_every_text_the_tasks_write():
+  """Under the "bytes+shapes" tokenizer no letter of any task's text falls back to bytes:
+  every word the grammar writes is on shapes_grammar.WORDS."""
+  words = tok.load("bytes+shapes", 358)
+  options = shapes_tasks.ShapesTaskOptions(8, 192, shapes_scene.DEFAULT_OPTIONS, words, 3)
+  letters = {tok.BYTE_OFFSET + b for b in range(256) if chr(b).isalpha()}
+  rng = np.random.default_rng(0)
+  for task in shapes_tasks.TASKS:
+    for _ in range(100):
+      ids = shapes_tasks.build_example(task, None, None, options, rng)["tokens"]
+      assert not letters & set(ids.tolist()), task
+    # The longest-example bound holds with the shorter ids too.
+    assert max(len(shapes_tasks.build_example(task, None, None, options, rng)["tokens"])
+               for _ in range(50)) <= shapes_tasks.max_example_length(task, options)

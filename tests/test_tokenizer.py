@@ -128,3 +128,47 @@ def test_from_config_and_its_errors(tmp_path):
   config.tokenizer = str(tmp_path / "bad.json")
   with pytest.raises(ValueError, match="cannot read"):
     tok.from_config(config)
+
+
+# ------------------------------------------------------------- bytes plus a word list
+
+
+@pytest.fixture(name="w")
+def _word_tokenizer():
+  return tok.load("bytes+shapes", 358)
+
+
+@pytest.mark.parametrize("text", ["", "a red square left of a blue circle", "Is it?",
+                                  "  two  spaces,red.", "héllo wörld ✓ 🙂", "squares squarely"])
+def test_word_tokenizer_round_trip(w, text):
+  assert w.decode(w.encode(text)) == text
+  assert w.decode(np.asarray(w.encode(text, bos=True, eos=True), np.int32)) == text
+
+
+def test_word_tokenizer_ids(w):
+  from mot.data import shapes_grammar
+  assert w.vocab_size == tok.VOCAB_SIZE + 2 * len(shapes_grammar.WORDS) == 358
+  ids = w.encode("How many red objects are there?")
+  assert len(ids) == 7 and ids[-1] == tok.BYTE_OFFSET + ord("?")
+  assert all(i >= tok.VOCAB_SIZE for i in ids[:-1])       # six words, six ids
+  assert w.encode("red") != w.encode(" red")[1:]          # " red" is one id of its own
+  assert len(w.encode(" red")) == 1
+  # A word not on the list (or a listed word inside a longer one) falls back to bytes.
+  assert w.encode("purple") == tok.BYTE_TOKENIZER.encode("purple")
+  assert w.encode("squarely") == tok.BYTE_TOKENIZER.encode("squarely")
+  # Specials and markers are the byte tokenizer's.
+  assert (w.bos_id, w.eos_id, w.pad_id) == (tok.BOS, tok.EOS, tok.PAD)
+  assert w.special_ids == tok.BYTE_TOKENIZER.special_ids
+  assert [w.begin("image"), w.end("image")] == [3, 4]
+  ids = [tok.BOS, *w.encode("a red"), tok.EOS, *w.encode("ignored")]
+  assert w.decode(ids) == "a red"
+  with pytest.raises(ValueError, match="outside the vocabulary"):
+    w.decode([358])
+
+
+def test_word_tokenizer_errors():
+  with pytest.raises(ValueError, match="unknown tokenizer 'bytes\\+klingon'.*'bytes\\+shapes'"):
+    tok.load("bytes+klingon", 1000)
+  with pytest.raises(ValueError, match="'bytes\\+shapes' tokenizer has 358 ids: set it to 358"):
+    tok.load("bytes+shapes", 300)
+  assert tok.load("bytes+shapes", 400).vocab_size == 358   # padding rows are allowed

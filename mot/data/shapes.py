@@ -49,7 +49,7 @@ DEFAULT_SET_SIZE = 64  # items per evaluation set unless the caller asks otherwi
 KIND_WEIGHTS = {"single": 0.15, "count": 0.2, "pair": 0.25, "mixed": 0.4}
 _KIND_CDF = np.cumsum(list(KIND_WEIGHTS.values()))
 _MAX_DRAWS = 1000      # rejection-sampling bound; hitting it means impossible options
-_TOKENIZER = tokenizer_lib.BYTE_TOKENIZER   # lengths in bytes: no tokenizer writes more ids
+_TOKENIZER = tokenizer_lib.BYTE_TOKENIZER   # default for lengths: no tokenizer writes more ids
 
 
 @dataclasses.dataclass(frozen=True)
@@ -335,7 +335,8 @@ def think_draw_set(split: str, n: int = DEFAULT_SET_SIZE,
 # ---------------------------------------------------------------------------- tokens
 
 
-def max_text_tokens(options: ShapesOptions = DEFAULT_OPTIONS) -> dict[str, int]:
+def max_text_tokens(options: ShapesOptions = DEFAULT_OPTIONS,
+                    tokenizer: tokenizer_lib.Tokenizer = _TOKENIZER) -> dict[str, int]:
   """Longest byte-token count (no BOS/EOS) of each kind of text the grammar writes, over
   every colour, shape, number and relation of `options` (for choosing seq_len):
   caption, question, answer (a caption answers "Describe this image."), draw_prompt,
@@ -358,4 +359,4 @@ def max_text_tokens(options: ShapesOptions = DEFAULT_OPTIONS) -> dict[str, int]:
            "draw_prompt": draws, "draw_answer": [grammar.caption_text(r) for r in reqs
                                                   if len(r.objects) == 1],
            "text": [_converse_text(r) for r in reqs if r.relation] or [""]}
-  return {k: max(len(_TOKENIZER.encode(t)) for t in v) for k, v in texts.items()}
+  return {k: max(len(tokenizer.encode(t)) for t in v) for k, v in texts.items()}

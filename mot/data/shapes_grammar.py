@@ -53,6 +53,14 @@ NUMBER_WORDS = {2: "two", 3: "three", 4: "four"}
 RELATIONS = ("left of", "right of", "above", "below")
 CONVERSE = {"left of": "right of", "right of": "left of", "above": "below", "below": "above"}
 MARGIN = 3  # px of centre difference a relation needs on its axis
+# Every word the templates write (captions, questions, answers, think-then-draw prompts,
+# the text task's "means"): the "bytes+shapes" tokenizer (mot.tokenizer) gives each its
+# own id, so an answer is one or a few tokens instead of one per letter.
+WORDS = tuple(sorted({
+    *shapes_scene.COLORS, *shapes_scene.SHAPES, *(s + "s" for s in shapes_scene.SHAPES),
+    *NUMBER_WORDS.values(), *" ".join(RELATIONS).split(),
+    *("a and means yes no How many objects are there What color is the shape object Is "
+      "Describe this image draw of that in").split()}))
 CATEGORIES = ("single_object", "two_object", "counting", "color_attr", "position")
 QTYPES = ("count", "count_color", "color", "shape", "relation", "describe")
 COUNT_QUESTION = "How many objects are there?"

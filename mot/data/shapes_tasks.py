@@ -50,8 +50,8 @@ VIRTUAL_PAIRS = 2**16       # length of the index range the input pipeline shuff
 # train_lib's held-out losses ask for the digits' task names.
 HELDOUT_ALIASES = {"generation": "shapes_generation", "reasoning": "shapes_vqa"}
 HELDOUT_LOSS_ITEMS = 64     # held-out examples per task for the eval losses
-# Longest answer that is not a caption (colour, shape, yes / no or a count), in bytes.
-_SHORT_ANSWER = max(len(w) for w in (*shapes_scene.COLORS, *shapes_scene.SHAPES, "yes", "no"))
+# Answers that are not a caption: a colour, a shape, yes / no or a count (one digit).
+_SHORT_ANSWERS = (*shapes_scene.COLORS, *shapes_scene.SHAPES, "yes", "no")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,11 +197,14 @@ def image_tokens(options: ShapesTaskOptions) -> int:
 def max_example_length(name: str, options: ShapesTaskOptions) -> int:
   """Longest example task `name` can produce under `options` (from the grammar's
   longest texts, `shapes.max_text_tokens`)."""
-  n, img = shapes.max_text_tokens(options.scene), image_tokens(options)
+  n = shapes.max_text_tokens(options.scene, options.tokenizer)
+  img = image_tokens(options)
+  short = max(len(options.tokenizer.encode(w)) for w in _SHORT_ANSWERS)
+  describe = len(options.tokenizer.encode(grammar.DESCRIBE_QUESTION))
   lengths = {
       "shapes_generation": 1 + n["caption"] + img + 1,
-      "shapes_vqa": 1 + img + options.vqa_questions * (n["question"] + _SHORT_ANSWER + 1),
-      "shapes_caption": 1 + img + len(grammar.DESCRIBE_QUESTION) + n["caption"] + 1,
+      "shapes_vqa": 1 + img + options.vqa_questions * (n["question"] + short + 1),
+      "shapes_caption": 1 + img + describe + n["caption"] + 1,
       "shapes_text": 1 + n["text"] + 1,
       "shapes_think_draw": 1 + img + n["draw_prompt"] + n["draw_answer"] + img + 1,
   }
