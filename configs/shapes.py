@@ -109,7 +109,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
 
   # ---- Sampling defaults (sample.py, evaluation). ----
   c.sample.steps = 24                # denoising steps
-  c.sample.cfg_scale = 2.0           # classifier-free guidance scale (1 = conditional only)
+  c.sample.cfg_scale = 1.0           # classifier-free guidance scale (1 = conditional only):
+                                     # guidance only moved samples off the data here
+                                     # (Fréchet distance; docs/results.md §6)
   c.sample.context_length = 256      # longest prompt + answer sampling accepts
   c.sample.reason_shifts = 0         # scenes are read as given (no test-time shifts)
 

@@ -130,7 +130,7 @@ class Pipeline:
     # or a Shapes caption ("Describe this image.") and think-then-draw answer.
     self.default_draw_tokens = THINK_TOKENS
     if self.is_shapes:
-      longest = shapes.max_text_tokens(shapes_tasks.scene_options(data))
+      longest = shapes.max_text_tokens(shapes_tasks.scene_options(data), self.tokenizer)
       self.default_max_new_tokens = max(self.default_max_new_tokens, longest["answer"] + 1)
       self.default_draw_tokens = max(THINK_TOKENS, longest["draw_answer"] + 1)
 

@@ -68,8 +68,8 @@ def test_reason_takes_uint8_rgb_arrays_and_answers_in_strings(pipe):
   answers = pipe.reason(questions, images=images)
   assert isinstance(answers, list) and len(answers) == 3
   assert all(isinstance(a, str) for a in answers)
-  # The default budget holds the longest caption and its end token.
-  longest = max(len(shapes_grammar.caption_text(r)) for r in
+  # The default budget holds the longest caption, in the run's tokens, and its end token.
+  longest = max(len(pipe.tokenizer.encode(shapes_grammar.caption_text(r))) for r in
                 shapes_grammar.all_requirements(shapes_scene.DEFAULT_OPTIONS.all_types))
   assert pipe.default_max_new_tokens >= longest + 1
   assert pipe.reason(images=images[0]) == pipe.reason(shapes_grammar.DESCRIBE_QUESTION,
