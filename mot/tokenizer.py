@@ -1,8 +1,9 @@
 """Tokenizers: the `Tokenizer` interface, the byte-level tokenizer and a pretrained model's
 tokenizer.json; `from_config(config)` returns the one `config.tokenizer` names.
 
-`ByteTokenizer` ("bytes", the bundled configs' default but Shapes'): bytes need no trained vocabulary,
-cover every language, and keep the unembedding tiny, which suits a small research model.
+`ByteTokenizer` ("bytes", every bundled config's but configs/shapes.py's): bytes need no
+trained vocabulary, cover every language, and keep the unembedding tiny, which suits a
+small research model.
 Layout of its 272 ids:
 
   0 PAD, 1 BOS, 2 EOS,
