@@ -1,8 +1,8 @@
 """Tokenizers: the `Tokenizer` interface, the byte-level tokenizer and a pretrained model's
 tokenizer.json; `from_config(config)` returns the one `config.tokenizer` names.
 
-`ByteTokenizer` ("bytes", every bundled config's but configs/shapes.py's): bytes need no
-trained vocabulary, cover every language, and keep the unembedding tiny, which suits a
+`ByteTokenizer` ("bytes", the bundled configs' but Shapes' and a converted model's): bytes
+need no trained vocabulary, cover every language, and keep the unembedding tiny, which suits a
 small research model.
 Layout of its 272 ids:
 
