@@ -337,9 +337,9 @@ def think_draw_set(split: str, n: int = DEFAULT_SET_SIZE,
 
 def max_text_tokens(options: ShapesOptions = DEFAULT_OPTIONS,
                     tokenizer: tokenizer_lib.Tokenizer = _TOKENIZER) -> dict[str, int]:
-  """Longest byte-token count (no BOS/EOS) of each kind of text the grammar writes, over
-  every colour, shape, number and relation of `options` (for choosing seq_len):
-  caption, question, answer (a caption answers "Describe this image."), draw_prompt,
+  """Longest token count (no BOS/EOS; `tokenizer`'s ids, bytes by default) of each kind
+  of text the grammar writes, over every colour, shape, number and relation of `options`
+  (for choosing seq_len): caption, question, answer (a caption answers "Describe this image."), draw_prompt,
   draw_answer and text (`text_example`)."""
   reqs = grammar.all_requirements(options.all_types, options.max_objects)
   captions = [grammar.caption_text(r) for r in reqs]
