@@ -339,8 +339,8 @@ def max_text_tokens(options: ShapesOptions = DEFAULT_OPTIONS,
                     tokenizer: tokenizer_lib.Tokenizer = _TOKENIZER) -> dict[str, int]:
   """Longest token count (no BOS/EOS; `tokenizer`'s ids, bytes by default) of each kind
   of text the grammar writes, over every colour, shape, number and relation of `options`
-  (for choosing seq_len): caption, question, answer (a caption answers "Describe this image."), draw_prompt,
-  draw_answer and text (`text_example`)."""
+  (for choosing seq_len): caption, question, answer (a caption answers "Describe this
+  image."), draw_prompt, draw_answer and text (`text_example`)."""
   reqs = grammar.all_requirements(options.all_types, options.max_objects)
   captions = [grammar.caption_text(r) for r in reqs]
   c, s = options.colors, options.shapes
