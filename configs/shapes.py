@@ -52,8 +52,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                                      # in-distribution and held-out (mot.eval_shapes)
 
   # ---- Text: bytes plus one id per word of the Shapes grammar (mot.tokenizer). ----
-  c.tokenizer = "bytes+shapes"       # an answer is a token or a few, not one a letter:
-                                     # examples ~2.3x shorter (docs/results.md §6)
+  c.tokenizer = "bytes+shapes"       # an answer is a token or a few, not one a letter, so
+                                     # more examples fit a row (docs/results.md §6)
   c.model.vocab_size = 358           # 272 byte-tokenizer ids + 43 words x (with, without
                                      # a leading space)
 
@@ -73,8 +73,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.data.seq_len = 320               # row length in tokens (the longest examples, VQA with
                                      # three questions and think-then-draw, are 51-55;
                                      # several examples are packed a row)
-  c.data.examples_per_row = 8        # examples packed per row (~37 tokens each on average:
-                                     # rows ~88 % full, ~2 % of examples dropped)
+  c.data.examples_per_row = 8        # examples packed per row (a few rows overflow and drop
+                                     # their last example: docs/shapes.md)
   c.data.vqa_questions = 3           # questions (with answers) a shapes_vqa example asks of
                                      # its image: more answers for the same image tokens
                                      # (docs/results.md §6)
