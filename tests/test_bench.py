@@ -10,6 +10,8 @@ import sys
 import time
 
 import chex
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -395,3 +397,54 @@ def test_long_rows_runs_each_case_in_a_subprocess_and_tables_them():
   from bench import long_rows
   refused = dict(case, impl="xla", fits=False, xla_gb=14.1)
   assert "14.10 GB | does not fit" in long_rows.table([refused], max_gb=6.0)
+
+
+def test_patch_coupling_summarises_self_neighbour_and_far_blocks():
+  from bench import patch_coupling
+  blocks = np.arange(16, dtype=np.float64).reshape(4, 4)   # a 2 x 2 patch grid
+  # self: the diagonal; neighbour: patches sharing an edge; far: the diagonal pairs.
+  assert patch_coupling.summarise(blocks, 2) == {
+      "self": np.mean([0, 5, 10, 15]), "neighbour": np.mean([1, 2, 4, 7, 8, 11, 13, 14]),
+      "far": np.mean([3, 6, 9, 12])}
+
+
+def test_patch_coupling_blocks_are_the_full_jacobian_cut_per_patch():
+  from bench import patch_coupling
+  from mot import tokenizer
+  from mot.data import shapes_scene
+  from mot.data import shapes_tasks
+  from mot.model import MoT
+  from mot.model import inputs_from_batch
+  from tests._models import model_config
+  cfg = model_config(d_model=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+                     mlp_dim=64, patch_dim=48, modality_patch_dims=(0, 48, 48, 2),
+                     rope_sections=(2, 3, 3), time_embed_dim=32, dm_prediction="x")
+  options = shapes_tasks.ShapesTaskOptions(patch_size=4, patch_dim=48,
+                                           scene=shapes_scene.DEFAULT_OPTIONS,
+                                           tokenizer=tokenizer.BYTE_TOKENIZER)
+  image = np.zeros((8, 8, 3), np.uint8)
+  image[2:6, 1:5] = (255, 0, 0)
+  example = shapes_tasks.generation_example("a red square", image, options)  # 2 x 2 patches
+  model = MoT(cfg)
+  batch = {k: jnp.asarray(v)[None] for k, v in example.items()}
+  batch["segment_ids"] = jnp.ones_like(batch["tokens"])
+  params = model.init(jax.random.PRNGKey(0), inputs_from_batch(batch))["params"]
+  t = 0.7
+  noise = np.random.default_rng(0).standard_normal((4, 48)).astype(np.float32)
+  blocks = patch_coupling.coupling_blocks(model, params, example, t, noise)
+
+  noised = np.flatnonzero(example["dm_mask"] > 0)
+  x_t = (1 - t) * batch["patches"][0, noised] + t * noise
+  def flat_estimate(x):                 # the same estimate, flattened, reverse mode
+    patches = batch["patches"].at[0, noised].set(x.reshape(4, 48))
+    times = jnp.where(batch["dm_mask"] > 0, t, 0.0)
+    _, v, _ = model.apply({"params": params}, inputs_from_batch(batch, patches, times))
+    return (x.reshape(4, 48) - t * v[0, noised]).reshape(-1)
+  full = np.asarray(jax.jacrev(flat_estimate)(x_t.reshape(-1))).reshape(4, 48, 4, 48)
+  np.testing.assert_allclose(blocks, np.sqrt((full ** 2).sum((1, 3))), rtol=1e-4)
+  step = np.zeros((4, 48), np.float32)
+  step[1, 5] = 1e-2                     # one input of patch 1, by central differences
+  column = (flat_estimate((x_t + step).reshape(-1)) - flat_estimate((x_t - step).reshape(-1)))
+  np.testing.assert_allclose(np.asarray(column).reshape(4, 48) / 2e-2, full[:, :, 1, 5],
+                             atol=2e-3)
+  assert blocks.shape == (4, 4) and (blocks[~np.eye(4, dtype=bool)] > 0).all()

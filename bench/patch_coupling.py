@@ -1,0 +1,130 @@
+"""How much the DM head's clean-image estimate of one patch reads the other patches.
+
+  python -m bench.patch_coupling --workdir runs/shapes [--examples 8] [--times 0.95,0.8,0.5,0.2]
+
+For Shapes caption -> image examples (the in-distribution prompt set, scenes drawn for
+them), each image is noised to time t and the model's clean estimate
+x0_hat = x_t - t * v(x_t) is differentiated with respect to x_t. The Jacobian block
+d x0_hat[i] / d x_t[j] between image patches i and j is summarised by its Frobenius
+norm: "self" is i = j, "neighbour" a patch sharing an edge with i, "far" every other
+patch. A denoiser that draws one object across several patches must read its
+neighbours; a head whose neighbour norms are far below its self norms paints each patch
+from its own noise, and its objects break at the patch borders (docs/results.md §6).
+Prints a markdown table (one row per t), then one JSON line with every figure.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from mot import errors
+from mot.data import shapes
+from mot.data import shapes_grammar
+from mot.data import shapes_scene
+from mot.data import shapes_tasks
+from mot.model import inputs_from_batch
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  flags.DEFINE_string("workdir", None, "Shapes training workdir (its newest checkpoint).")
+  flags.DEFINE_integer("examples", 8, "Caption -> image examples averaged over.")
+  flags.DEFINE_string("times", "0.95,0.8,0.5,0.2", "Comma-separated noise times t.")
+  flags.DEFINE_integer("seed", 0, "Noise seed.")
+  flags.mark_flag_as_required("workdir")
+
+
+def coupling_blocks(model, params, example: dict, t: float, noise: np.ndarray) -> np.ndarray:
+  """float [N, N]: Frobenius norm of d x0_hat[i] / d x_t[j] over the N noised patches."""
+  batch = {k: jnp.asarray(v)[None] for k, v in example.items()}
+  batch["segment_ids"] = jnp.ones_like(batch["tokens"])
+  noised = np.flatnonzero(example["dm_mask"] > 0)
+  times = jnp.where(batch["dm_mask"] > 0, t, 0.0)
+  x0 = batch["patches"][0, noised]
+
+  def clean_estimate(x_image):
+    patches = batch["patches"].at[0, noised].set(x_image)
+    _, velocity, _ = model.apply({"params": params},
+                                 inputs_from_batch(batch, patches=patches, timesteps=times))
+    return x_image - t * velocity[0, noised]
+
+  x_t = (1.0 - t) * x0 + t * jnp.asarray(noise)
+  jac = jax.jacrev(clean_estimate)(x_t)            # [N, P, N, P]
+  return np.sqrt(np.asarray(jnp.sum(jnp.square(jac), axis=(1, 3))))
+
+
+def summarise(blocks: np.ndarray, grid: int) -> dict[str, float]:
+  """Mean self / neighbour / far norms of [N, N] blocks of a grid x grid image."""
+  rows, cols = np.divmod(np.arange(grid * grid), grid)
+  distance = np.abs(rows[:, None] - rows[None]) + np.abs(cols[:, None] - cols[None])
+  return {"self": float(blocks[distance == 0].mean()),
+          "neighbour": float(blocks[distance == 1].mean()),
+          "far": float(blocks[distance > 1].mean())}
+
+
+def examples_for(pipe, n: int) -> list[dict]:
+  """n in-distribution caption -> image examples of the run's Shapes options."""
+  data = pipe.config.data
+  scene = shapes_tasks.scene_options(data)
+  options = shapes_tasks.ShapesTaskOptions(
+      patch_size=int(data.patch_size), patch_dim=int(data.patch_dim), scene=scene,
+      tokenizer=pipe.tokenizer)
+  sets = [shapes.prompt_set(c, "in_distribution", n, scene) for c in shapes_grammar.CATEGORIES]
+  sets = [s for s in sets if s]
+  out = []
+  for i in range(n):
+    prompt = sets[i % len(sets)][i // len(sets)]
+    drawn = shapes.scene_for(shapes_grammar.parse_caption(prompt),
+                             shapes_scene.rng_for("bench/coupling", i), scene, "in_distribution")
+    out.append(shapes_tasks.generation_example(prompt, shapes_scene.render(drawn), options))
+  return out
+
+
+def measure(pipe, n: int, times: list[float], seed: int) -> dict[float, dict[str, float]]:
+  """{t: mean self / neighbour / far norms over n examples}."""
+  grid = int(pipe.config.data.image_size) // int(pipe.config.data.patch_size)
+  rng = np.random.default_rng(seed)
+  result = {}
+  for t in times:
+    rows = []
+    for example in examples_for(pipe, n):
+      noised = int((example["dm_mask"] > 0).sum())
+      noise = rng.standard_normal((noised, example["patches"].shape[1])).astype(np.float32)
+      rows.append(summarise(coupling_blocks(pipe.model, pipe.params, example, t, noise), grid))
+    result[t] = {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
+  return result
+
+
+def main(argv) -> None:
+  del argv
+  from mot.pipeline import Pipeline   # loads a checkpoint: only when run
+  try:
+    times = [float(t) for t in FLAGS.times.split(",")]
+    if FLAGS.examples < 1 or not all(0.0 < t <= 1.0 for t in times):
+      raise ValueError(f"--examples must be >= 1 and --times in (0, 1], got "
+                       f"{FLAGS.examples}, {FLAGS.times!r}")
+    pipe = Pipeline.from_workdir(FLAGS.workdir)
+    if not pipe.is_shapes:
+      raise ValueError(f"{FLAGS.workdir} is not a Shapes run: the bench draws Shapes scenes")
+  except (ValueError, errors.CheckpointError) as e:
+    sys.exit(f"patch_coupling: {e}")
+  result = measure(pipe, FLAGS.examples, times, FLAGS.seed)
+  print("| t | self | neighbour | far | self / neighbour |")
+  print("|---|---|---|---|---|")
+  for t, r in result.items():
+    print(f"| {t} | {r['self']:.3f} | {r['neighbour']:.3f} | {r['far']:.3f} | "
+          f"{r['self'] / max(r['neighbour'], 1e-12):.1f} |")
+  print(json.dumps({"workdir": FLAGS.workdir, "examples": FLAGS.examples,
+                    "coupling": {str(t): r for t, r in result.items()}}))
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)
