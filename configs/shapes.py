@@ -35,7 +35,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
 
   # ---- Optimisation (whole run, evaluation included: docs/results.md §6). ----
   c.num_train_steps = 1200           # total optimizer steps
-  c.batch_size = 16                  # global batch in packed rows (~4 examples a row)
+  c.batch_size = 16                  # global batch in packed rows (8 examples a row)
   c.learning_rate = 2e-3             # peak AdamW learning rate
   c.warmup_steps = 100               # linear warm-up steps, then cosine decay
   c.ema_decay = 0.998                # EMA of the parameters used for sampling (horizon
