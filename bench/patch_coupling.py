@@ -41,23 +41,34 @@ def define_flags() -> None:
   flags.mark_flag_as_required("workdir")
 
 
-def coupling_blocks(model, params, example: dict, t: float, noise: np.ndarray) -> np.ndarray:
-  """float [N, N]: Frobenius norm of d x0_hat[i] / d x_t[j] over the N noised patches."""
+def coupling_blocks(model, params, example: dict, t: float, noise: np.ndarray,
+                    jacobian=None) -> np.ndarray:
+  """float [N, N]: Frobenius norm of d x0_hat[i] / d x_t[j] over the N noised patches.
+
+  `jacobian` is `jacobian_fn(model)`'s function, to reuse its compilations across calls."""
   batch = {k: jnp.asarray(v)[None] for k, v in example.items()}
   batch["segment_ids"] = jnp.ones_like(batch["tokens"])
-  noised = np.flatnonzero(example["dm_mask"] > 0)
-  times = jnp.where(batch["dm_mask"] > 0, t, 0.0)
-  x0 = batch["patches"][0, noised]
-
-  def clean_estimate(x_image):
-    patches = batch["patches"].at[0, noised].set(x_image)
-    _, velocity, _ = model.apply({"params": params},
-                                 inputs_from_batch(batch, patches=patches, timesteps=times))
-    return x_image - t * velocity[0, noised]
-
-  x_t = (1.0 - t) * x0 + t * jnp.asarray(noise)
-  jac = jax.jacrev(clean_estimate)(x_t)            # [N, P, N, P]
+  noised = jnp.asarray(np.flatnonzero(example["dm_mask"] > 0))
+  x_t = (1.0 - t) * batch["patches"][0, noised] + t * jnp.asarray(noise)
+  jac = (jacobian or jacobian_fn(model))(params, batch, noised, x_t, jnp.float32(t))
   return np.sqrt(np.asarray(jnp.sum(jnp.square(jac), axis=(1, 3))))
+
+
+def jacobian_fn(model):
+  """Jitted (params, batch, noised, x_t, t) -> d x0_hat / d x_t [N, P, N, P], where
+  x0_hat = x_t - t * v(x_t) at the noised tokens `noised` of the one-row `batch`."""
+  @jax.jit
+  def jacobian(params, batch, noised, x_t, t):
+    times = jnp.where(batch["dm_mask"] > 0, t, 0.0)
+
+    def clean_estimate(x_image):
+      patches = batch["patches"].at[0, noised].set(x_image)
+      _, velocity, _ = model.apply({"params": params},
+                                   inputs_from_batch(batch, patches=patches, timesteps=times))
+      return x_image - t * velocity[0, noised]
+
+    return jax.jacrev(clean_estimate)(x_t)
+  return jacobian
 
 
 def summarise(blocks: np.ndarray, grid: int) -> dict[str, float]:
@@ -91,13 +102,15 @@ def measure(pipe, n: int, times: list[float], seed: int) -> dict[float, dict[str
   """{t: mean self / neighbour / far norms over n examples}."""
   grid = int(pipe.config.data.image_size) // int(pipe.config.data.patch_size)
   rng = np.random.default_rng(seed)
+  jacobian = jacobian_fn(pipe.model)
   result = {}
   for t in times:
     rows = []
     for example in examples_for(pipe, n):
       noised = int((example["dm_mask"] > 0).sum())
       noise = rng.standard_normal((noised, example["patches"].shape[1])).astype(np.float32)
-      rows.append(summarise(coupling_blocks(pipe.model, pipe.params, example, t, noise), grid))
+      blocks = coupling_blocks(pipe.model, pipe.params, example, t, noise, jacobian)
+      rows.append(summarise(blocks, grid))
     result[t] = {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
   return result
 
