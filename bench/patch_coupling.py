@@ -2,8 +2,8 @@
 
   python -m bench.patch_coupling --workdir runs/shapes [--examples 8] [--times 0.95,0.8,0.5,0.2]
 
-For Shapes caption -> image examples (the in-distribution prompt set, scenes drawn for
-them), each image is noised to time t and the model's clean estimate
+For Shapes caption -> image examples (the run's fixed held-out-loss set of
+in-distribution prompts, `shapes_tasks.heldout_examples`), each image is noised to time t and the model's clean estimate
 x0_hat = x_t - t * v(x_t) is differentiated with respect to x_t. The Jacobian block
 d x0_hat[i] / d x_t[j] between image patches i and j is summarised by its Frobenius
 norm: "self" is i = j, "neighbour" a patch sharing an edge with i, "far" every other
@@ -24,9 +24,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from mot import errors
-from mot.data import shapes
-from mot.data import shapes_grammar
-from mot.data import shapes_scene
 from mot.data import shapes_tasks
 from mot.model import inputs_from_batch
 
@@ -81,21 +78,10 @@ def summarise(blocks: np.ndarray, grid: int) -> dict[str, float]:
 
 
 def examples_for(pipe, n: int) -> list[dict]:
-  """n in-distribution caption -> image examples of the run's Shapes options."""
-  data = pipe.config.data
-  scene = shapes_tasks.scene_options(data)
-  options = shapes_tasks.ShapesTaskOptions(
-      patch_size=int(data.patch_size), patch_dim=int(data.patch_dim), scene=scene,
-      tokenizer=pipe.tokenizer)
-  sets = [shapes.prompt_set(c, "in_distribution", n, scene) for c in shapes_grammar.CATEGORIES]
-  sets = [s for s in sets if s]
-  out = []
-  for i in range(n):
-    prompt = sets[i % len(sets)][i // len(sets)]
-    drawn = shapes.scene_for(shapes_grammar.parse_caption(prompt),
-                             shapes_scene.rng_for("bench/coupling", i), scene, "in_distribution")
-    out.append(shapes_tasks.generation_example(prompt, shapes_scene.render(drawn), options))
-  return out
+  """n in-distribution caption -> image examples in the run's options and tokens (the
+  fixed set of its held-out losses, `shapes_tasks.heldout_examples`: never trained on)."""
+  options = shapes_tasks.validate(pipe.config.data, pipe.tokenizer)
+  return shapes_tasks.heldout_examples("shapes_generation", options, n)
 
 
 def measure(pipe, n: int, times: list[float], seed: int) -> dict[float, dict[str, float]]:
