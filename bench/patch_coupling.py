@@ -3,13 +3,14 @@
   python -m bench.patch_coupling --workdir runs/shapes [--examples 8] [--times 0.95,0.8,0.5,0.2]
 
 For Shapes caption -> image examples (the run's fixed held-out-loss set of
-in-distribution prompts, `shapes_tasks.heldout_examples`), each image is noised to time t and the model's clean estimate
-x0_hat = x_t - t * v(x_t) is differentiated with respect to x_t. The Jacobian block
-d x0_hat[i] / d x_t[j] between image patches i and j is summarised by its Frobenius
-norm: "self" is i = j, "neighbour" a patch sharing an edge with i, "far" every other
-patch. A denoiser that draws one object across several patches must read its
-neighbours; a head whose neighbour norms are far below its self norms paints each patch
-from its own noise, and its objects break at the patch borders (docs/results.md §6).
+in-distribution prompts, `shapes_tasks.heldout_examples`), each image is noised to time
+t and the model's clean estimate x0_hat = x_t - t * v(x_t) is differentiated with
+respect to x_t. The Jacobian block d x0_hat[i] / d x_t[j] between image patches i and j
+is summarised by its Frobenius norm: "self" is i = j, "neighbour" a patch sharing an
+edge with i, "far" every other patch. A denoiser that draws one object across several
+patches must read its neighbours; a head whose neighbour norms are far below its self
+norms paints each patch from its own noise, and its objects break at the patch borders
+(docs/results.md §6).
 Prints a markdown table (one row per t), then one JSON line with every figure.
 """
 from __future__ import annotations
