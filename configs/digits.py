@@ -176,6 +176,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                                      # turned into the velocity it implies; docs/design.md §4)
   c.model.dm_min_time = 0.05         # "x": v = (x_t - x0) / max(t, this), bounding the
                                      # loss weight near t = 0
+  c.model.media_pos_embed = "none"   # absolute (frame, row, col) of media tokens in their
+                                     # block: "none" (M-RoPE only) or "sincos" (DiT's fixed
+                                     # grid embedding; mot.media_positions)
 
   # ---- Sampling defaults (sample.py, evaluation). ----
   c.sample = ml_collections.ConfigDict()

@@ -21,6 +21,7 @@ EXPERT_IMPLS = ("auto", "tiled", "ragged")
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "blockwise", "splash")
 MATMUL_DTYPES = ("float32", "bfloat16", "float16")   # besides "same"
 DM_PREDICTIONS = ("velocity", "x")   # what the DM head's linear map outputs
+MEDIA_POS_EMBEDS = ("none", "sincos")  # absolute positions of media tokens (mot.model)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +62,8 @@ class ModelConfig:
   attention_blockwise_min_length: int    # "auto" runs blockwise from this many keys
   dm_prediction: str                     # DM head output: "velocity" or "x" (the clean x0)
   dm_min_time: float                     # "x": the t below which v = (x_t - x0) / t is floored
+  media_pos_embed: str                   # "none" | "sincos": absolute (frame, row, col) of a
+                                         # media token in its block, added to its projection
 
   @property
   def num_modalities(self) -> int:
@@ -177,7 +180,11 @@ def validate_tiled_attention(m: ModelConfig) -> None:
 
 
 def validate_dm_head(m: ModelConfig) -> None:
-  """What the DM head predicts, and the floor on t that turns an x0 into a velocity."""
+  """What the DM head predicts, the floor on t that turns an x0 into a velocity, and the
+  absolute position embedding media tokens carry."""
+  _check(m.media_pos_embed in MEDIA_POS_EMBEDS,
+         f"config.model.media_pos_embed={m.media_pos_embed!r} is unknown: use one of "
+         f"{MEDIA_POS_EMBEDS}")
   _check(m.dm_prediction in DM_PREDICTIONS,
          f"config.model.dm_prediction={m.dm_prediction!r} is unknown: use one of "
          f"{DM_PREDICTIONS}")

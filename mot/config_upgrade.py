@@ -15,7 +15,7 @@ import ml_collections
 
 from mot.errors import CheckpointError
 
-CONFIG_VERSION = 5
+CONFIG_VERSION = 6
 VERSION_KEY = "config_version"
 
 # Fields read before version 1 with a fallback when a config lacked them: the fallback is
@@ -125,8 +125,18 @@ def _upgrade_to_v5(config: dict) -> None:
   _fill(data, _V5_DATA_BY_DATASET.get(data.get("dataset"), {}))
 
 
+# Version 6 added absolute position embeddings of media tokens (model.media_pos_embed);
+# every earlier run placed media by M-RoPE alone.
+_V6_MODEL = {"media_pos_embed": "none"}
+
+
+def _upgrade_to_v6(config: dict) -> None:
+  """Version 5 -> 6: model.media_pos_embed ("none")."""
+  _fill(config.setdefault("model", {}), _V6_MODEL)
+
+
 _UPGRADES = {0: _upgrade_to_v1, 1: _upgrade_to_v2, 2: _upgrade_to_v3,
-             3: _upgrade_to_v4, 4: _upgrade_to_v5}   # v -> v + 1
+             3: _upgrade_to_v4, 4: _upgrade_to_v5, 5: _upgrade_to_v6}   # v -> v + 1
 
 
 def saved_form(config: ml_collections.ConfigDict) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from mot import attention, experts, layers, masks, matmul, rope
+from mot import attention, experts, layers, masks, matmul, media_positions, rope
 from mot.config import ModelConfig
 
 Array = jax.Array
@@ -140,7 +140,8 @@ class Backbone(nn.Module):
 
 
 class InputEmbedding(nn.Module):
-  """Token embedding at text positions; patch projection + timestep embedding elsewhere.
+  """Token embedding at text positions; patch projection + timestep embedding elsewhere,
+  plus the absolute position embedding `cfg.media_pos_embed` names (`mot.media_positions`).
 
   `attend(h)` unembeds with the same table (tied input/output embeddings).
   """
@@ -170,6 +171,10 @@ class InputEmbedding(nn.Module):
     onehot = jax.nn.one_hot(inputs.modality, cfg.num_modalities, dtype=cfg.compute_dtype)
     media = jnp.einsum("blp,mpd,blm->bld", inputs.patches.astype(cfg.compute_dtype),
                        self.patch_projection.astype(cfg.compute_dtype), onehot) + t_emb
+    where = media_positions.embedding(cfg.media_pos_embed, inputs.positions,
+                                      inputs.mask_ids.block, cfg.d_model)
+    if where is not None:
+      media = media + where.astype(cfg.compute_dtype)
     return jnp.where((inputs.modality == 0)[..., None], text, media)
 
   def attend(self, h: Array) -> Array:

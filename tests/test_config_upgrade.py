@@ -118,3 +118,12 @@ def test_a_version_4_config_keeps_predicting_the_velocity():
   del saved["data"]["vqa_questions"]
   current.model.dm_prediction = "velocity"   # today's Shapes default predicts x0
   assert config_upgrade.upgrade_config(saved).to_dict() == current.to_dict()
+
+
+def test_a_version_5_config_places_media_by_mrope_alone():
+  """Version 6 added model.media_pos_embed: older checkpoints had no absolute embedding."""
+  current = shapes.get_config("tiny")
+  saved = dict(config_upgrade.saved_form(current), config_version=5)
+  del saved["model"]["media_pos_embed"]
+  current.model.media_pos_embed = "none"
+  assert config_upgrade.upgrade_config(saved).to_dict() == current.to_dict()
