@@ -448,3 +448,29 @@ def test_patch_coupling_blocks_are_the_full_jacobian_cut_per_patch():
   np.testing.assert_allclose(np.asarray(column).reshape(4, 48) / 2e-2, full[:, :, 1, 5],
                              atol=2e-3)
   assert blocks.shape == (4, 4) and (blocks[~np.eye(4, dtype=bool)] > 0).all()
+
+
+def test_relation_flip_premise_a_mirrored_scene_has_the_opposite_answer():
+  """Its premise: every left / right relation item, mirrored and read back by the exact
+  detector, answers the other way; and the figures count as the docstring says."""
+  from bench import relation_flip
+  from mot import shapes_detector
+  from mot.data import shapes_grammar as grammar
+  from mot.data import shapes_scene
+  items = relation_flip.relation_items(12)
+  assert len(items) == 12
+  for scene, qa in items:
+    assert " left of " in qa.question or " right of " in qa.question
+    seen = shapes_detector.detect(relation_flip.mirrored(shapes_scene.render(scene)))
+    assert grammar.answer_question(qa.question, seen).answer == {"yes": "no",
+                                                                 "no": "yes"}[qa.answer]
+  figures = relation_flip.question_figures(["yes", "no", "yes", "no"],
+                                           ["yes", "yes", "no", "no"],
+                                           ["no", "yes", "no", "yes"])
+  assert figures == {"items": 4, "accuracy": 0.5, "mirror_accuracy": 1.0, "changed": 0.5}
+  scenes = relation_flip.pair_scenes(2)
+  truth = [grammar.caption(s) for s in scenes]
+  figures = relation_flip.caption_figures(scenes, [truth[0], "a red square"], truth)
+  assert figures == {"items": 2, "true": 0.5,
+                     "with_relation": np.mean([" and " not in truth[0], False]),
+                     "changed": 0.5}

@@ -1,0 +1,125 @@
+"""Does the model read where objects are? Answers and captions under a mirrored image.
+
+  python -m bench.relation_flip --workdir runs/shapes [--items 80]
+
+Every Shapes object is left-right symmetric (squares, discs, isosceles triangles), so
+mirroring a scene left to right keeps each object and swaps "left of" with "right of".
+Two probes, both on fixed in-distribution items (`mot.data.shapes` evaluation sets):
+- relation questions about left / right ("Is the red circle left of the blue square?"):
+  accuracy on the scene, accuracy on its mirror (whose truth is the opposite answer), and
+  how often the answer changes when the scene is mirrored;
+- "Describe this image." on two-object scenes: how many captions are true of the scene
+  (the grammar's `captions`), how many use a relation, and how often the caption changes
+  when the scene is mirrored.
+A model that reads positions changes its answer under the mirror about as often as the
+truth changes (always, for the questions); one that ignores them does not, and scores 50 %
+on yes / no. Prints a markdown table, then one JSON line with every figure.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+from absl import app
+from absl import flags
+import numpy as np
+
+from mot import errors
+from mot.data import shapes
+from mot.data import shapes_grammar as grammar
+from mot.data import shapes_scene
+
+FLAGS = flags.FLAGS
+HORIZONTAL = ("left of", "right of")
+
+
+def define_flags() -> None:
+  flags.DEFINE_string("workdir", None, "Shapes training workdir (its newest checkpoint).")
+  flags.DEFINE_integer("items", 80, "Questions, and captioned scenes, per probe.")
+  flags.mark_flag_as_required("workdir")
+
+
+def mirrored(image: np.ndarray) -> np.ndarray:
+  """The scene mirrored left to right."""
+  return np.ascontiguousarray(image[:, ::-1])
+
+
+def relation_items(n: int, options=shapes_scene.DEFAULT_OPTIONS):
+  """n in-distribution (scene, QA) relation items about left / right."""
+  pool = shapes.vqa_set("relation", "in_distribution", 8 * n, options)
+  items = [it for it in pool if any(f" {r} " in it[1].question for r in HORIZONTAL)]
+  return items[:n]
+
+
+def pair_scenes(n: int, options=shapes_scene.DEFAULT_OPTIONS):
+  """n in-distribution captioned scenes of two objects of different kinds."""
+  pool = shapes.caption_set("in_distribution", 8 * n, options)
+  return [s for s in pool if len(s.objects) == 2 and len({o.kind for o in s.objects}) == 2][:n]
+
+
+def question_figures(truth, answers, mirror_answers) -> dict:
+  """Accuracy on the scenes, on their mirrors (truth flipped), and answers changed."""
+  flip = {"yes": "no", "no": "yes"}
+  return {"items": len(truth),
+          "accuracy": float(np.mean([a == t for a, t in zip(answers, truth)])),
+          "mirror_accuracy": float(np.mean([a == flip[t] for a, t in
+                                            zip(mirror_answers, truth)])),
+          "changed": float(np.mean([a != b for a, b in zip(answers, mirror_answers)]))}
+
+
+def caption_figures(scenes, captions, mirror_captions) -> dict:
+  """Captions true of their scene, captions naming a relation, captions changed."""
+  true = [c in grammar.captions(s) for s, c in zip(scenes, captions)]
+  relational = [any(f" {r} " in c for r in grammar.RELATIONS) for c in captions]
+  return {"items": len(scenes), "true": float(np.mean(true)),
+          "with_relation": float(np.mean(relational)),
+          "changed": float(np.mean([a != b for a, b in zip(captions, mirror_captions)]))}
+
+
+def probe(pipe, n: int) -> dict:
+  """Both probes' figures for a `mot.Pipeline`."""
+  items = relation_items(n)
+  images = [shapes_scene.render(s) for s, _ in items]
+  questions = [qa.question for _, qa in items]
+  relation = question_figures([qa.answer for _, qa in items],
+                              pipe.reason(questions, images=images),
+                              pipe.reason(questions, images=[mirrored(i) for i in images]))
+  scenes = pair_scenes(n)
+  images = [shapes_scene.render(s) for s in scenes]
+  ask = [grammar.DESCRIBE_QUESTION] * len(scenes)
+  caption = caption_figures(scenes, pipe.reason(ask, images=images),
+                            pipe.reason(ask, images=[mirrored(i) for i in images]))
+  return {"relation_left_right": relation, "describe_two_objects": caption}
+
+
+def table(figures: dict) -> str:
+  r, c = figures["relation_left_right"], figures["describe_two_objects"]
+  pct = lambda x: f"{100 * x:.1f} %"
+  return "\n".join([
+      "| probe | items | correct | correct on the mirror | changed by the mirror |",
+      "|---|---|---|---|---|",
+      f"| relation left / right | {r['items']} | {pct(r['accuracy'])} | "
+      f"{pct(r['mirror_accuracy'])} | {pct(r['changed'])} |",
+      f"| describe, two objects ({pct(c['with_relation'])} with a relation) | {c['items']} | "
+      f"{pct(c['true'])} | | {pct(c['changed'])} |"])
+
+
+def main(argv) -> None:
+  del argv
+  from mot.pipeline import Pipeline   # loads a checkpoint: only when run
+  try:
+    if FLAGS.items < 1:
+      raise ValueError(f"--items must be >= 1, got {FLAGS.items}")
+    pipe = Pipeline.from_workdir(FLAGS.workdir)
+    if not pipe.is_shapes:
+      raise ValueError(f"{FLAGS.workdir} is not a Shapes run: the bench draws Shapes scenes")
+  except (ValueError, errors.CheckpointError) as e:
+    sys.exit(f"relation_flip: {e}")
+  figures = probe(pipe, FLAGS.items)
+  print(table(figures))
+  print(json.dumps({"workdir": FLAGS.workdir, **figures}))
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)
