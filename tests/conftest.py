@@ -25,20 +25,3 @@ import pytest  # noqa: E402
 def tiny_config():
   from configs import digits
   return digits.get_config("tiny")
-
-
-# The modules that take longest, heaviest first (`--durations` on one core at fed1fec:
-# 115, 123, 106, 105, 76, 58, 54, 54, 50 s). pytest-xdist's `--dist loadscope` hands
-# modules to the two workers in collection order, so when these came alphabetically
-# late, one worker ran test_sharding or test_warm_start while the other sat idle.
-# Running them first lets the many short modules fill in at the end.
-HEAVY_MODULES = ("test_multihost.py", "test_sharding.py", "test_bench.py",
-                 "test_reliability.py", "test_evaluate.py", "test_warm_start.py",
-                 "test_video.py", "test_train.py", "test_user_runs.py")
-
-
-def pytest_collection_modifyitems(session, config, items):
-  """Heavy modules first (stable: every other module, and every test, keeps its order)."""
-  del session, config
-  rank = {name: i for i, name in enumerate(HEAVY_MODULES)}
-  items.sort(key=lambda item: rank.get(item.path.name, len(HEAVY_MODULES)))
