@@ -21,7 +21,7 @@ EXPERT_IMPLS = ("auto", "tiled", "ragged")
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "blockwise", "splash")
 MATMUL_DTYPES = ("float32", "bfloat16", "float16")   # besides "same"
 DM_PREDICTIONS = ("velocity", "x")   # what the DM head's linear map outputs
-MEDIA_POS_EMBEDS = ("none", "sincos")  # absolute positions of media tokens (mot.model)
+MEDIA_POS_EMBEDS = ("none", "sincos")  # absolute positions of media tokens (mot.media_positions)
 
 
 @dataclasses.dataclass(frozen=True)
