@@ -28,3 +28,18 @@ def load_pipeline(workdir: str | None, variant: str = "", seed: int = 0):
     return jnp.asarray(rng.standard_normal(leaf.shape) / np.sqrt(fan_in), leaf.dtype)
 
   return Pipeline(shell.config, jax.tree_util.tree_map_with_path(fill, shapes))
+
+
+def load_shapes_pipeline(workdir: str, bench: str):
+  """The Shapes checkpoint's Pipeline; a missing or broken checkpoint, or one trained on
+  other data, exits with one line that starts with `bench` (the benchmark's name)."""
+  import sys
+  from mot import errors
+  from mot.pipeline import Pipeline
+  try:
+    pipe = Pipeline.from_workdir(workdir)
+  except (ValueError, errors.CheckpointError) as e:
+    sys.exit(f"{bench}: {e}")
+  if not pipe.is_shapes:
+    sys.exit(f"{bench}: {workdir} is not a Shapes run: the bench draws Shapes scenes")
+  return pipe

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from mot import errors
+import bench
 from mot.data import shapes_tasks
 from mot.model import inputs_from_batch
 
@@ -104,17 +104,14 @@ def measure(pipe, n: int, times: list[float], seed: int) -> dict[float, dict[str
 
 def main(argv) -> None:
   del argv
-  from mot.pipeline import Pipeline   # loads a checkpoint: only when run
   try:
     times = [float(t) for t in FLAGS.times.split(",")]
     if FLAGS.examples < 1 or not all(0.0 < t <= 1.0 for t in times):
       raise ValueError(f"--examples must be >= 1 and --times in (0, 1], got "
                        f"{FLAGS.examples}, {FLAGS.times!r}")
-    pipe = Pipeline.from_workdir(FLAGS.workdir)
-    if not pipe.is_shapes:
-      raise ValueError(f"{FLAGS.workdir} is not a Shapes run: the bench draws Shapes scenes")
-  except (ValueError, errors.CheckpointError) as e:
+  except ValueError as e:
     sys.exit(f"patch_coupling: {e}")
+  pipe = bench.load_shapes_pipeline(FLAGS.workdir, "patch_coupling")
   result = measure(pipe, FLAGS.examples, times, FLAGS.seed)
   print("| t | self | neighbour | far | self / neighbour |")
   print("|---|---|---|---|---|")

@@ -24,7 +24,7 @@ from absl import app
 from absl import flags
 import numpy as np
 
-from mot import errors
+import bench
 from mot.data import shapes
 from mot.data import shapes_grammar as grammar
 from mot.data import shapes_scene
@@ -106,15 +106,9 @@ def table(figures: dict) -> str:
 
 def main(argv) -> None:
   del argv
-  from mot.pipeline import Pipeline   # loads a checkpoint: only when run
-  try:
-    if FLAGS.items < 1:
-      raise ValueError(f"--items must be >= 1, got {FLAGS.items}")
-    pipe = Pipeline.from_workdir(FLAGS.workdir)
-    if not pipe.is_shapes:
-      raise ValueError(f"{FLAGS.workdir} is not a Shapes run: the bench draws Shapes scenes")
-  except (ValueError, errors.CheckpointError) as e:
-    sys.exit(f"relation_flip: {e}")
+  if FLAGS.items < 1:
+    sys.exit(f"relation_flip: --items must be >= 1, got {FLAGS.items}")
+  pipe = bench.load_shapes_pipeline(FLAGS.workdir, "relation_flip")
   figures = probe(pipe, FLAGS.items)
   print(table(figures))
   print(json.dumps({"workdir": FLAGS.workdir, **figures}))
