@@ -90,10 +90,11 @@ def measure(pipe, n: int, times: list[float], seed: int) -> dict[float, dict[str
   grid = int(pipe.config.data.image_size) // int(pipe.config.data.patch_size)
   rng = np.random.default_rng(seed)
   jacobian = jacobian_fn(pipe.model)
+  examples = examples_for(pipe, n)
   result = {}
   for t in times:
     rows = []
-    for example in examples_for(pipe, n):
+    for example in examples:
       noised = int((example["dm_mask"] > 0).sum())
       noise = rng.standard_normal((noised, example["patches"].shape[1])).astype(np.float32)
       blocks = coupling_blocks(pipe.model, pipe.params, example, t, noise, jacobian)
