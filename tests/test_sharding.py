@@ -161,13 +161,14 @@ def _worker_report(log: str, args: list[str], what: str) -> dict:
   return json.loads(line[len("RESULT "):])
 
 
-def test_experts_on_a_mesh_equal_one_device(tmp_path, experts="mode"):
+def test_experts_on_a_mesh_equal_one_device(tmp_path):
   """MoT experts train on a (2,2,2) mesh with the single-device losses; the expert
   weights shard by the rules (the expert axis unsplit, the rest as the shared weights);
   tokens are grouped per data shard, so no activation is replicated or sent all-to-all.
   "mode" only: "modality" runs the same grouped path with other group ids (its grouping
-  is tested on one device in tests/test_experts.py), and its second 8-device worker cost
-  the suite ~30 s of its 10-minute budget."""
+  is tested on one device in tests/test_experts.py), and a second 8-device worker
+  doubled this test's share of the suite's budget."""
+  experts = "mode"
   log = str(tmp_path / "worker.log")
   report = _worker_report(log, ["--experts", experts, "(2,2,2)"], f"experts={experts} worker")
   forced = [l for l in _procs.tail(log, 10**7).splitlines()
