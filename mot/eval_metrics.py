@@ -21,11 +21,14 @@ the same scale to be comparable.
 
 from __future__ import annotations
 
+import typing
 import warnings
 
 import numpy as np
 import scipy.linalg
-from sklearn.svm import SVC
+
+if typing.TYPE_CHECKING:
+  from sklearn.svm import SVC  # annotations only: scikit-learn takes ~1 s to import
 
 __all__ = [
     "PIXEL_MAX",
@@ -80,6 +83,8 @@ def fit_digit_classifier(train_images, train_labels) -> SVC:
     y = np.asarray(train_labels).reshape(-1)
     if y.shape[0] != x.shape[0]:
         raise ValueError(f"{x.shape[0]} images but {y.shape[0]} labels")
+    from sklearn.svm import SVC  # lazy: ~1 s to import, for fitting only
+
     clf = SVC(kernel="rbf", gamma=0.001, C=10.0)
     clf.fit(x, y)
     return clf

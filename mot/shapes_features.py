@@ -12,11 +12,10 @@ numpy and scikit-learn only, like every judge (docs/design.md §6).
 from __future__ import annotations
 
 import functools
+import typing
 import warnings
 
 import numpy as np
-from sklearn.exceptions import ConvergenceWarning
-from sklearn.neural_network import MLPClassifier
 
 from mot import eval_metrics
 from mot.data import shapes
@@ -25,6 +24,9 @@ from mot.data import shapes_scene
 from mot.data.shapes_scene import DEFAULT_OPTIONS
 from mot.data.shapes_scene import Scene
 from mot.data.shapes_scene import ShapesOptions
+
+if typing.TYPE_CHECKING:
+  from sklearn.neural_network import MLPClassifier  # annotations only: ~1 s to import
 
 FEATURE_SEED = 20261206   # the classifier's training scenes and initialisation
 TRAIN_SCENES = 2000       # rendered training scenes the classifier learns from
@@ -58,6 +60,9 @@ def feature_classifier(options: ShapesOptions = DEFAULT_OPTIONS) -> MLPClassifie
 
 @functools.lru_cache(maxsize=2)
 def _fit(options: ShapesOptions) -> MLPClassifier:
+  from sklearn.exceptions import ConvergenceWarning  # lazy: ~1 s, for fitting only
+  from sklearn.neural_network import MLPClassifier  # lazy: ~1 s, for fitting only
+
   scenes = [shapes.training_scene(FEATURE_SEED, i, options) for i in range(TRAIN_SCENES)]
   x = _inputs(np.stack([shapes_scene.render(s) for s in scenes]))
   y = np.stack([labels(s, options) for s in scenes])

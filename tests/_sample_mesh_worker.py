@@ -22,11 +22,11 @@ from tests._sharding_worker import boxed_state, equality_config, sharding_mismat
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from PIL import Image  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
 
 from mot import checkpoint as ckpt_lib  # noqa: E402
 from mot import sample_cli, sharding, train_lib  # noqa: E402
 from mot import step as step_lib  # noqa: E402
+from mot.data import digits  # noqa: E402
 from mot.pipeline import Pipeline  # noqa: E402
 
 MESH = "(2,2,2)"
@@ -49,7 +49,7 @@ def make_checkpoint(workdir: str) -> None:
 
 
 def draws(pipe: Pipeline) -> dict:
-  images = load_digits().images[:6]
+  images = digits.to_pixels(digits.load_digits_split()[0][:6])  # 0..16, as load_digits
   return {
       "generated": pipe.generate(PROMPTS, num_samples=2, steps=4, cfg_scale=2.0, seed=3),
       "answers": pipe.reason(images=images, shifts=0, max_new_tokens=4),

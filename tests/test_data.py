@@ -158,6 +158,17 @@ def test_digits_split_and_scaling():
   assert digits.to_pixels(np.array([-3.0, 5.0])).tolist() == [0, 16]
 
 
+def test_digits_are_scikit_learns_with_or_without_importing_it(monkeypatch):
+  from sklearn.datasets import load_digits
+  want = load_digits()
+  table = digits._digits_table()
+  np.testing.assert_array_equal(table[:, :-1], want.data)
+  np.testing.assert_array_equal(table[:, -1], want.target)
+  # Where the file is not where it was read from, load_digits itself is used.
+  monkeypatch.setattr(digits.os.path, "isfile", lambda path: False)
+  np.testing.assert_array_equal(digits._digits_table(), table)
+
+
 def test_patchify_round_trip_and_layout():
   img = np.arange(64, dtype=np.float32).reshape(8, 8)
   p = digits.patchify(img, 2)
