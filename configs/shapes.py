@@ -90,7 +90,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
       "shapes_vqa": 0.35,            # image -> answer, five question types (AR)
       "shapes_caption": 0.1,         # image -> "Describe this image." caption (AR)
       "shapes_text": 0.05,           # relation caption "means" its converse (AR)
-      "shapes_think_draw": 0.15})    # context image, prompt -> answer (AR) -> image (DM)
+      "shapes_think_draw": 0.15,     # context image, prompt -> answer (AR) -> image (DM)
+      "shapes_order": 0.0})          # "Which is left of the other, ...?" -> an object: a
+                                     # curriculum for relation questions, outside the
+                                     # evaluated grammar (mot.data.shapes_order)
 
   # ---- Model: narrower than configs/digits.py (the CPU budget), with RGB patches. ----
   c.model.d_model = 192              # residual width

@@ -112,6 +112,12 @@ def training_scene(seed: int, index: int, options: ShapesOptions = DEFAULT_OPTIO
   return _scene(rng, _draw_kind(rng), options, None)
 
 
+def training_scene_of_kind(rng: np.random.Generator, kind: str,
+                           options: ShapesOptions = DEFAULT_OPTIONS) -> Scene:
+  """A training scene of `kind` (see `shapes_scene.sample_kinds`) drawn from `rng`."""
+  return _scene(rng, kind, options, None)
+
+
 def training_scenes(seed: int, options: ShapesOptions = DEFAULT_OPTIONS,
                     start: int = 0) -> Iterator[Scene]:
   """The endless stream training_scene(seed, start), training_scene(seed, start + 1), ..."""

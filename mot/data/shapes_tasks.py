@@ -12,6 +12,10 @@ example, through the deterministic streams of `mot.data.shapes`:
   shapes_text         BOS  a red square left of a blue circle means a blue ...  EOS
   shapes_think_draw   BOS  [img> context <img]  draw three of the shape that is red:
                            three red circles  [img> noised <img]  EOS
+  shapes_order        BOS  [img> clean <img]  Which is left of the other, the red
+                           circle or the blue square?  red circle  EOS  (up to
+                           vqa_questions such turns; a curriculum outside the
+                           evaluated grammar: mot.data.shapes_order)
 
 Loss tokens are the caption (generation, as the digits task), the answer, the caption of
 "Describe this image.", the text and the think-then-draw answer, each with EOS. The
@@ -37,6 +41,7 @@ from mot import patches
 from mot import tokenizer as tokenizer_lib
 from mot.data import shapes
 from mot.data import shapes_grammar as grammar
+from mot.data import shapes_order
 from mot.data import shapes_scene
 from mot.data import tasks
 from mot.data.builder import SequenceBuilder
@@ -163,12 +168,20 @@ def _think_draw(image, key, options: ShapesTaskOptions, variant: int):
                             shapes_scene.render(item.scene), options)
 
 
+def _order(image, key, options: ShapesTaskOptions, variant: int):
+  del image, variant
+  scene, qas = shapes_order.order_example(0, key, options.vqa_questions, options.scene)
+  return reading_example(shapes_scene.render(scene), qas[0].question, qas[0].answer,
+                         options, qas[1:])
+
+
 TASKS: dict[str, tasks.Task] = {
     "shapes_generation": tasks.Task(_generation, media=MEDIA),
     "shapes_vqa": tasks.Task(_vqa, media=MEDIA),
     "shapes_caption": tasks.Task(_caption, media=MEDIA),
     "shapes_text": tasks.Task(_text, media=MEDIA),
     "shapes_think_draw": tasks.Task(_think_draw, media=MEDIA),
+    "shapes_order": tasks.Task(_order, media=MEDIA),
 }
 tasks.TASKS.update(TASKS)  # registered: config.data.task_weights names them
 
@@ -207,6 +220,9 @@ def max_example_length(name: str, options: ShapesTaskOptions) -> int:
       "shapes_caption": 1 + img + describe + n["caption"] + 1,
       "shapes_text": 1 + n["text"] + 1,
       "shapes_think_draw": 1 + img + n["draw_prompt"] + n["draw_answer"] + img + 1,
+      "shapes_order": 1 + img + options.vqa_questions * (
+          shapes_order.longest_question(options.scene, options.tokenizer)
+          + shapes_order.longest_answer(options.scene, options.tokenizer) + 1),
   }
   if name not in lengths:
     raise ValueError(f"task {name!r} is not a shapes task: use one of {sorted(lengths)}")
