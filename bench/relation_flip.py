@@ -10,7 +10,11 @@ Two probes, both on fixed in-distribution items (`mot.data.shapes` evaluation se
   how often the answer changes when the scene is mirrored;
 - "Describe this image." on two-object scenes: how many captions are true of the scene
   (the grammar's `captions`), how many use a relation, and how often the caption changes
-  when the scene is mirrored.
+  when the scene is mirrored;
+- order questions about the same pairs as the relation questions ("Which is left of the
+  other, the red circle or the blue square?", the training-only curriculum of
+  `mot.data.shapes_order`): the same three figures, the mirror's truth being the other
+  object. A run that did not train on them says so by its accuracy.
 A model that reads positions changes its answer under the mirror about as often as the
 truth changes (always, for the questions); one that ignores them does not, and scores 50 %
 on yes / no. Prints a markdown table, then one JSON line with every figure.
@@ -27,6 +31,7 @@ import numpy as np
 import bench
 from mot.data import shapes
 from mot.data import shapes_grammar as grammar
+from mot.data import shapes_order
 from mot.data import shapes_scene
 
 FLAGS = flags.FLAGS
@@ -51,19 +56,31 @@ def relation_items(n: int, options=shapes_scene.DEFAULT_OPTIONS):
   return items[:n]
 
 
+def order_item(scene, qa: grammar.QA) -> tuple[str, str, str]:
+  """(order question, its answer, the mirror's answer) about the two objects of relation
+  item (scene, qa), with its relation word."""
+  relation = next(r for r in HORIZONTAL if f" {r} " in qa.question)
+  a, b = (scene.objects[i] for i in qa.objects)
+  first, other = (a, b) if grammar.relation_holds(a, b, relation) else (b, a)
+  return (shapes_order.question_text(relation, a.kind, b.kind), " ".join(first.kind),
+          " ".join(other.kind))
+
+
 def pair_scenes(n: int, options=shapes_scene.DEFAULT_OPTIONS):
   """n in-distribution captioned scenes of two objects of different kinds."""
   pool = shapes.caption_set("in_distribution", 8 * n, options)
   return [s for s in pool if len(s.objects) == 2 and len({o.kind for o in s.objects}) == 2][:n]
 
 
-def question_figures(truth, answers, mirror_answers) -> dict:
-  """Accuracy on the scenes, on their mirrors (truth flipped), and answers changed."""
+def question_figures(truth, answers, mirror_answers, mirror_truth=None) -> dict:
+  """Accuracy on the scenes, on their mirrors (truth flipped: yes / no swapped unless
+  `mirror_truth` is given), and answers changed."""
   flip = {"yes": "no", "no": "yes"}
+  mirror_truth = mirror_truth or [flip[t] for t in truth]
   return {"items": len(truth),
           "accuracy": float(np.mean([a == t for a, t in zip(answers, truth)])),
-          "mirror_accuracy": float(np.mean([a == flip[t] for a, t in
-                                            zip(mirror_answers, truth)])),
+          "mirror_accuracy": float(np.mean([a == t for a, t in
+                                            zip(mirror_answers, mirror_truth)])),
           "changed": float(np.mean([a != b for a, b in zip(answers, mirror_answers)]))}
 
 
@@ -81,25 +98,34 @@ def probe(pipe, n: int) -> dict:
   items = relation_items(n)
   images = [shapes_scene.render(s) for s, _ in items]
   questions = [qa.question for _, qa in items]
+  mirrors = [mirrored(i) for i in images]
   relation = question_figures([qa.answer for _, qa in items],
                               pipe.reason(questions, images=images),
-                              pipe.reason(questions, images=[mirrored(i) for i in images]))
+                              pipe.reason(questions, images=mirrors))
+  orders = [order_item(s, qa) for s, qa in items]
+  ask = [q for q, _, _ in orders]
+  order = question_figures([t for _, t, _ in orders], pipe.reason(ask, images=images),
+                           pipe.reason(ask, images=mirrors), [m for _, _, m in orders])
   scenes = pair_scenes(n)
   images = [shapes_scene.render(s) for s in scenes]
   ask = [grammar.DESCRIBE_QUESTION] * len(scenes)
   caption = caption_figures(scenes, pipe.reason(ask, images=images),
                             pipe.reason(ask, images=[mirrored(i) for i in images]))
-  return {"relation_left_right": relation, "describe_two_objects": caption}
+  return {"relation_left_right": relation, "describe_two_objects": caption,
+          "order_left_right": order}
 
 
 def table(figures: dict) -> str:
-  r, c = figures["relation_left_right"], figures["describe_two_objects"]
+  r, c, o = (figures[k] for k in ("relation_left_right", "describe_two_objects",
+                                   "order_left_right"))
   pct = lambda x: f"{100 * x:.1f} %"
   return "\n".join([
       "| probe | items | correct | correct on the mirror | changed by the mirror |",
       "|---|---|---|---|---|",
       f"| relation left / right | {r['items']} | {pct(r['accuracy'])} | "
       f"{pct(r['mirror_accuracy'])} | {pct(r['changed'])} |",
+      f"| order left / right (curriculum) | {o['items']} | {pct(o['accuracy'])} | "
+      f"{pct(o['mirror_accuracy'])} | {pct(o['changed'])} |",
       f"| describe, two objects ({pct(c['with_relation'])} with a relation) | {c['items']} | "
       f"{pct(c['true'])} | | {pct(c['changed'])} |"])
 

@@ -456,6 +456,7 @@ def test_relation_flip_premise_a_mirrored_scene_has_the_opposite_answer():
   from bench import relation_flip
   from mot import shapes_detector
   from mot.data import shapes_grammar as grammar
+  from mot.data import shapes_order
   from mot.data import shapes_scene
   items = relation_flip.relation_items(12)
   assert len(items) == 12
@@ -464,10 +465,23 @@ def test_relation_flip_premise_a_mirrored_scene_has_the_opposite_answer():
     seen = shapes_detector.detect(relation_flip.mirrored(shapes_scene.render(scene)))
     assert grammar.answer_question(qa.question, seen).answer == {"yes": "no",
                                                                  "no": "yes"}[qa.answer]
+    question, answer, mirror_answer = relation_flip.order_item(scene, qa)
+    kinds = [scene.objects[i].kind for i in qa.objects]
+    assert question in {shapes_order.question_text(r, *kinds) for r in relation_flip.HORIZONTAL}
+    names = {" ".join(scene.objects[i].kind) for i in qa.objects}
+    assert {answer, mirror_answer} == names and answer != mirror_answer
+    truth = next(o for o in shapes_order.order_questions(scene) if o.question == question)
+    assert truth.answer == answer
+    assert next(o for o in shapes_order.order_questions(seen)
+                if o.question == question).answer == mirror_answer
   figures = relation_flip.question_figures(["yes", "no", "yes", "no"],
                                            ["yes", "yes", "no", "no"],
                                            ["no", "yes", "no", "yes"])
   assert figures == {"items": 4, "accuracy": 0.5, "mirror_accuracy": 1.0, "changed": 0.5}
+  figures = relation_flip.question_figures(["red square", "blue circle"],
+                                           ["red square", "red square"], ["red square"] * 2,
+                                           ["blue circle", "red square"])
+  assert figures == {"items": 2, "accuracy": 0.5, "mirror_accuracy": 0.5, "changed": 0.0}
   scenes = relation_flip.pair_scenes(2)
   truth = [grammar.caption(s) for s in scenes]
   figures = relation_flip.caption_figures(scenes, [truth[0], "a red square"], truth)

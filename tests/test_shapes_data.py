@@ -8,6 +8,7 @@ import pytest
 from mot import tokenizer as tok
 from mot.data import shapes
 from mot.data import shapes_grammar as grammar
+from mot.data import shapes_order
 from mot.data import shapes_scene
 from mot.data import shapes_tasks
 from mot.data.shapes_scene import Scene
@@ -386,3 +387,38 @@ def test_word_list_covers_every_text_the_tasks_write():
     # The longest-example bound holds with the shorter ids too.
     assert max(len(shapes_tasks.build_example(task, None, None, options, rng)["tokens"])
                for _ in range(50)) <= shapes_tasks.max_example_length(task, options)
+
+
+# ------------------------------------------------------------------- order curriculum
+
+
+def test_order_questions_name_the_object_the_relation_puts_first():
+  red = obj(2, 2, 7, "red", "circle")          # centre (5, 5)
+  blue = obj(20, 20, 7, "blue", "square")      # centre (23, 23)
+  got = {qa.question: qa.answer for qa in shapes_order.order_questions(Scene((red, blue)))}
+  want = {"left of": "red circle", "right of": "blue square", "above": "red circle",
+          "below": "blue square"}
+  assert got == {shapes_order.question_text(r, *names): want[r] for r in grammar.RELATIONS
+                 for names in ((red.kind, blue.kind), (blue.kind, red.kind))}
+  # Within the margin on an axis: no question on it; a repeated kind is never named.
+  level = obj(3, 20, 7, "blue", "square")      # centre (23, 6): 1 px below the red one
+  got = [qa.question for qa in shapes_order.order_questions(Scene((red, level)))]
+  assert got and not any(" above " in q or " below " in q for q in got)
+  twin = obj(20, 2, 7, "red", "circle")
+  assert all("red circle" not in qa.question
+             for qa in shapes_order.order_questions(Scene((red, blue, twin))))
+
+
+def test_order_examples_are_training_scenes_with_distinct_true_answers():
+  options = shapes_scene.DEFAULT_OPTIONS
+  for index in range(40):
+    scene, qas = shapes_order.order_example(0, index, 3, options)
+    assert (scene, qas) == shapes_order.order_example(0, index, 3, options)
+    assert 1 <= len(qas) <= 3 and len({qa.question for qa in qas}) == len(qas)
+    assert not any(options.is_heldout(o.kind) for o in scene.objects)
+    assert not shapes.is_eval_scene(scene)
+    for qa in qas:
+      i, j = qa.objects
+      relation = next(r for r in grammar.RELATIONS if f" {r} " in qa.question)
+      first = i if grammar.relation_holds(scene.objects[i], scene.objects[j], relation) else j
+      assert qa.answer == " ".join(scene.objects[first].kind)

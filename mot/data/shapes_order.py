@@ -37,9 +37,10 @@ def order_questions(scene: Scene) -> tuple[grammar.QA, ...]:
   their (colour, shape) kind, and the relation holding between them with the grammar's
   margin one way or the other."""
   known = [o for o in scene.objects if o.shape != grammar.UNKNOWN_SHAPE]
-  unique = [o for o in known if sum(p.kind == o.kind for p in known) == 1]
+  unique = [(i, o) for i, o in enumerate(scene.objects)
+            if o in known and sum(p.kind == o.kind for p in known) == 1]
   out = []
-  for (i, x), (j, y) in itertools.permutations(enumerate(unique), 2):
+  for (i, x), (j, y) in itertools.permutations(unique, 2):
     for relation in grammar.RELATIONS:
       first = x if grammar.relation_holds(x, y, relation) else (
           y if grammar.relation_holds(y, x, relation) else None)
