@@ -219,6 +219,24 @@ def test_bad_options_raise_one_line(fields, pattern):
   assert "\n" not in str(e.value)
 
 
+def test_a_task_with_nothing_to_ask_is_refused_in_one_line():
+  """One-object scenes have no relation: the tasks that need one are refused when the
+  data is validated, naming the task and the fix, instead of failing inside grain."""
+  from configs import shapes as shapes_config
+  from mot.data import input_pipeline
+  config = shapes_config.get_config("tiny")
+  config.data.shapes.max_objects = 1
+  with pytest.raises(ValueError, match=r"task 'shapes_text' cannot draw an example .*"
+                     r"set config\.data\.task_weights\.shapes_text to 0") as e:
+    input_pipeline.validate(config.data)
+  assert "\n" not in str(e.value)
+  config.data.task_weights.shapes_text = 0.0
+  input_pipeline.validate(config.data)
+  config.data.task_weights.shapes_order = 0.1
+  with pytest.raises(ValueError, match="task 'shapes_order' cannot draw an example"):
+    input_pipeline.validate(config.data)
+
+
 def test_one_object_options_allow_large_sizes():
   options = shapes_scene.validate_options(max_size=20, max_objects=1)
   scene = shapes.training_scene(0, 3, options)

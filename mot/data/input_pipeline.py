@@ -277,6 +277,7 @@ def validate(data_config: Any, task_names: tuple[str, ...] | None = None,
     options = PROCEDURAL[dataset].validate(data_config, tokenizer)
     task_names = _check_media(data_config, task_names)
     _check_lengths(data_config, options, task_names)
+    _check_drawable(PROCEDURAL[dataset], options, task_names)
     return options
   shape = _image_shape(data_config)
   p, patch_dim, channels = _check_patches(data_config, shape)
@@ -314,6 +315,17 @@ def _check_media(data_config: Any, task_names: tuple[str, ...] | None) -> tuple[
                        "config.data.task_weights to 0" +
                        (f" ({media} tasks need {needs[media]})" if media in needs else ""))
   return task_names
+
+
+def _check_drawable(module, options, task_names) -> None:
+  """Draws one example of each procedural task, so that scene options under which a task
+  has nothing to ask (relations with max_objects=1) fail here in one line, not in grain."""
+  for name in task_names:
+    try:
+      module.build_example(name, None, None, options, np.random.default_rng(0))
+    except ValueError as e:
+      raise ValueError(f"task {name!r} cannot draw an example under config.data ({e}): "
+                       f"set config.data.task_weights.{name} to 0") from None
 
 
 def _check_lengths(data_config: Any, options: tasks.TaskOptions, task_names) -> None:
