@@ -36,9 +36,9 @@ def order_questions(scene: Scene) -> tuple[grammar.QA, ...]:
   """Every order question about `scene` with its answer: both named objects unique in
   their (colour, shape) kind, and the relation holding between them with the grammar's
   margin one way or the other."""
-  known = [o for o in scene.objects if o.shape != grammar.UNKNOWN_SHAPE]
+  kinds = [o.kind for o in scene.objects]
   unique = [(i, o) for i, o in enumerate(scene.objects)
-            if o in known and sum(p.kind == o.kind for p in known) == 1]
+            if o.shape != grammar.UNKNOWN_SHAPE and kinds.count(o.kind) == 1]
   out = []
   for (i, x), (j, y) in itertools.permutations(unique, 2):
     for relation in grammar.RELATIONS:
