@@ -4,7 +4,7 @@
 
 Every Shapes object is left-right symmetric (squares, discs, isosceles triangles), so
 mirroring a scene left to right keeps each object and swaps "left of" with "right of".
-Two probes, both on fixed in-distribution items (`mot.data.shapes` evaluation sets):
+Three probes, all on fixed in-distribution items (`mot.data.shapes` evaluation sets):
 - relation questions about left / right ("Is the red circle left of the blue square?"):
   accuracy on the scene, accuracy on its mirror (whose truth is the opposite answer), and
   how often the answer changes when the scene is mirrored;
@@ -61,7 +61,8 @@ def order_item(scene, qa: grammar.QA) -> tuple[str, str, str]:
   item (scene, qa), with its relation word."""
   relation = next(r for r in HORIZONTAL if f" {r} " in qa.question)
   a, b = (scene.objects[i] for i in qa.objects)
-  first, other = (a, b) if grammar.relation_holds(a, b, relation) else (b, a)
+  first = shapes_order.first_of(a, b, relation)  # a relation item's pair always has one
+  other = b if first is a else a
   return (shapes_order.question_text(relation, a.kind, b.kind), " ".join(first.kind),
           " ".join(other.kind))
 
@@ -94,7 +95,7 @@ def caption_figures(scenes, captions, mirror_captions) -> dict:
 
 
 def probe(pipe, n: int) -> dict:
-  """Both probes' figures for a `mot.Pipeline`."""
+  """The three probes' figures for a `mot.Pipeline`."""
   items = relation_items(n)
   images = [shapes_scene.render(s) for s, _ in items]
   questions = [qa.question for _, qa in items]

@@ -20,6 +20,7 @@ from mot.data import shapes
 from mot.data import shapes_grammar as grammar
 from mot.data import shapes_scene
 from mot.data.shapes_scene import Scene
+from mot.data.shapes_scene import SceneObject
 from mot.data.shapes_scene import ShapesOptions
 
 TEMPLATE = "Which is {relation} the other, the {a} or the {b}?"
@@ -32,6 +33,14 @@ def question_text(relation: str, a: tuple[str, str], b: tuple[str, str]) -> str:
   return TEMPLATE.format(relation=relation, a=" ".join(a), b=" ".join(b))
 
 
+def first_of(x: SceneObject, y: SceneObject, relation: str) -> SceneObject | None:
+  """The one of x, y that `relation` puts first ("x left of y": x), or None when the
+  relation holds neither way with the grammar's margin."""
+  if grammar.relation_holds(x, y, relation):
+    return x
+  return y if grammar.relation_holds(y, x, relation) else None
+
+
 def order_questions(scene: Scene) -> tuple[grammar.QA, ...]:
   """Every order question about `scene` with its answer: both named objects unique in
   their (colour, shape) kind, and the relation holding between them with the grammar's
@@ -42,8 +51,7 @@ def order_questions(scene: Scene) -> tuple[grammar.QA, ...]:
   out = []
   for (i, x), (j, y) in itertools.permutations(unique, 2):
     for relation in grammar.RELATIONS:
-      first = x if grammar.relation_holds(x, y, relation) else (
-          y if grammar.relation_holds(y, x, relation) else None)
+      first = first_of(x, y, relation)
       if first is not None:
         out.append(grammar.QA("order", question_text(relation, x.kind, y.kind),
                               " ".join(first.kind), (" ".join(first.kind),), (i, j)))
