@@ -78,6 +78,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.data.vqa_questions = 3           # questions (with answers) a shapes_vqa example asks of
                                      # its image: more answers for the same image tokens
                                      # (docs/results.md §6)
+  c.data.relation_trace = False      # relation answers first write both objects' places,
+                                     # "red circle 2, blue square 7: yes"; sample.py and
+                                     # evaluation keep what follows ": " (shapes_think)
   c.data.patch_size = PATCH          # 32x32 scene -> (32/8)^2 = 16 patches
   c.data.patch_dim = PATCH_DIM       # width of the patches field (>= patch_size**2 * 3)
   c.data.shift_pixels = 0            # unused: scenes are drawn anew for every example

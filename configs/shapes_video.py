@@ -57,6 +57,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # ---- Data (the scene fields, image_size, channels and patches are configs/shapes.py's).
   c.data.dataset = "shapes_video"    # moving Shapes scenes drawn per example
   c.data.vqa_questions = 1           # still-image VQA field (shapes_vqa, not trained here)
+  c.data.relation_trace = False      # still-image VQA field (shapes_think, not trained here)
   c.model.dm_prediction = "velocity"  # the DM head as results §8's run trained it (configs/
                                      # shapes.py predicts x0; not yet tried on clips)
   c.data.num_frames = FRAMES         # frames per clip

@@ -15,7 +15,7 @@ import ml_collections
 
 from mot.errors import CheckpointError
 
-CONFIG_VERSION = 6
+CONFIG_VERSION = 7
 VERSION_KEY = "config_version"
 
 # Fields read before version 1 with a fallback when a config lacked them: the fallback is
@@ -135,8 +135,21 @@ def _upgrade_to_v6(config: dict) -> None:
   _fill(config.setdefault("model", {}), _V6_MODEL)
 
 
+# Version 7 let Shapes relation answers write both objects' places first
+# (data.relation_trace, mot.data.shapes_think); every earlier Shapes run answered directly.
+_V7_DATA_BY_DATASET = {"shapes": {"relation_trace": False},
+                       "shapes_video": {"relation_trace": False}}
+
+
+def _upgrade_to_v7(config: dict) -> None:
+  """Version 6 -> 7: Shapes' data.relation_trace (off)."""
+  data = config.setdefault("data", {})
+  _fill(data, _V7_DATA_BY_DATASET.get(data.get("dataset"), {}))
+
+
 _UPGRADES = {0: _upgrade_to_v1, 1: _upgrade_to_v2, 2: _upgrade_to_v3,
-             3: _upgrade_to_v4, 4: _upgrade_to_v5, 5: _upgrade_to_v6}   # v -> v + 1
+             3: _upgrade_to_v4, 4: _upgrade_to_v5, 5: _upgrade_to_v6,
+             6: _upgrade_to_v7}   # v -> v + 1
 
 
 def saved_form(config: ml_collections.ConfigDict) -> dict[str, Any]:

@@ -70,7 +70,9 @@ def vqa(pipe, n: int, options) -> dict[str, Any]:
     items = {q: shapes.vqa_set(q, split, n, options) for q in qtypes}
     answers = {}
     for q, pairs in items.items():
-      budget = None if q == "describe" else SHORT_ANSWER_TOKENS  # None: a whole caption
+      # None: the run's default, which holds a whole caption or relation trace.
+      long = q == "describe" or (q == "relation" and pipe.config.data.relation_trace)
+      budget = None if long else SHORT_ANSWER_TOKENS
       answers[q] = pipe.reason([qa.question for _, qa in pairs], max_new_tokens=budget,
                                images=[shapes_scene.render(s) for s, _ in pairs])
     scores = shapes_metrics.vqa_scores(

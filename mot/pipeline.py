@@ -54,8 +54,8 @@ from mot import latent, media, patches, sampling, sharding
 from mot import pipeline_setup as setup
 from mot import sample_options as opts
 from mot import tokenizer as tokenizer_lib
-from mot.data import (clip_files, input_pipeline, moving_digits, preprocess, shapes,
-                      shapes_grammar, shapes_tasks, tasks)
+from mot.data import (clip_files, input_pipeline, moving_digits, preprocess, shapes_grammar,
+                      shapes_tasks, tasks)
 from mot.errors import InputError
 from mot.model import MoT
 from mot.prompts import PromptBuilder
@@ -126,13 +126,10 @@ class Pipeline:
     # config.sample.shift, composed with the resolution shift training used (if any).
     self.time_shift = float(sample.shift) * latent.timestep_shift(config)
     self.default_reason_shifts = int(sample.reason_shifts)
-    # Answer budgets (with the end token) that hold the data's longest answer: a digit,
-    # or a Shapes caption ("Describe this image.") and think-then-draw answer.
-    self.default_draw_tokens = THINK_TOKENS
-    if self.is_shapes:
-      longest = shapes.max_text_tokens(shapes_tasks.scene_options(data), self.tokenizer)
-      self.default_max_new_tokens = max(self.default_max_new_tokens, longest["answer"] + 1)
-      self.default_draw_tokens = max(THINK_TOKENS, longest["draw_answer"] + 1)
+    # Answer budgets that hold the data's longest answer, and the answer a reply gives.
+    self.default_max_new_tokens, self.default_draw_tokens = setup.answer_budgets(
+        config, self.tokenizer, self.default_max_new_tokens, THINK_TOKENS)
+    self.final_answer = setup.answer_reader(config)
 
   @classmethod
   def from_workdir(cls, workdir: str, use_ema: bool = True, step: int | None = None,
@@ -294,7 +291,7 @@ class Pipeline:
         examples.append(ex)
     ids = self.decode_answers(examples, max_new_tokens, temperature, top_k, top_p, seed,
                               views=len(views))
-    answers = [self.tokenizer.decode(row).strip() for row in ids]
+    answers = [self.final_answer(self.tokenizer.decode(row)) for row in ids]
     return answers[0] if single and single_input and len(rows) == 1 else answers
 
   def _reading_rows(self, prompts: list[str], images: Any, video: Any):

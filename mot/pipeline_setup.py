@@ -1,10 +1,11 @@
 """What a checkpoint needs to become a `mot.Pipeline`: its saved config brought up to date
 and checked, the mesh and the parameters' sharded shapes when sampling on one, the VAE of
-a latent run, and the question the run's reading task asked."""
+a latent run, the question the run's reading task asked, and how long and in what form
+its answers are."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
@@ -15,8 +16,8 @@ from mot import config as config_lib
 from mot import config_upgrade, latent, sharding
 from mot import step as step_lib
 from mot import vae as vae_lib
-from mot.data import (input_pipeline, moving_digits, shapes_grammar, shapes_tasks,
-                      shapes_video_tasks, tasks)
+from mot.data import (input_pipeline, moving_digits, shapes, shapes_grammar, shapes_tasks,
+                      shapes_think, shapes_video_tasks, tasks)
 from mot.errors import CheckpointError, ConfigError
 from mot.model import MoT, inputs_from_batch
 
@@ -43,6 +44,29 @@ def run_question(config: Any) -> str:
   if dataset == shapes_video_tasks.DATASET:
     return shapes_grammar.COUNT_QUESTION
   return str(config.data.question)
+
+
+def answer_budgets(config: Any, tokenizer, answer: int, draw: int) -> tuple[int, int]:
+  """(reason's, think_then_draw's) default token budgets, end token included: at least
+  `answer` and `draw`, and for Shapes enough for the grammar's longest answer (a caption,
+  or a traced relation answer when data.relation_trace) and think-then-draw answer."""
+  if config.data.dataset != shapes_tasks.DATASET:
+    return answer, draw
+  options = shapes_tasks.scene_options(config.data)
+  longest = shapes.max_text_tokens(options, tokenizer)
+  answers = longest["answer"]
+  if config.data.relation_trace:
+    answers = max(answers, shapes_think.longest_trace(options, tokenizer))
+  return max(answer, answers + 1), max(draw, longest["draw_answer"] + 1)
+
+
+def answer_reader(config: Any) -> Callable[[str], str]:
+  """What `Pipeline.reason` returns of a decoded reply: for a Shapes run trained with
+  relation traces the text after the trace (`shapes_think.final_answer`), else the reply
+  stripped."""
+  if config.data.dataset == shapes_tasks.DATASET and config.data.relation_trace:
+    return shapes_think.final_answer
+  return str.strip
 
 
 def checked_config(saved: dict, workdir: str, step: int | None = None

@@ -127,3 +127,12 @@ def test_a_version_5_config_places_media_by_mrope_alone():
   del saved["model"]["media_pos_embed"]
   current.model.media_pos_embed = "none"
   assert config_upgrade.upgrade_config(saved).to_dict() == current.to_dict()
+
+
+def test_a_version_6_shapes_config_answers_relations_directly():
+  """Version 7 added data.relation_trace: older Shapes runs answered yes / no at once."""
+  current = shapes.get_config("tiny")
+  saved = dict(config_upgrade.saved_form(current), config_version=6)
+  del saved["data"]["relation_trace"]
+  current.data.relation_trace = False
+  assert config_upgrade.upgrade_config(saved).to_dict() == current.to_dict()

@@ -14,7 +14,7 @@ from PIL import Image
 
 from configs import shapes as shapes_config
 from mot import config as config_lib
-from mot import eval_shapes, evaluate, shapes_features
+from mot import eval_shapes, evaluate, pipeline_setup, shapes_features
 from mot.data import input_pipeline, shapes, shapes_grammar, shapes_scene, shapes_tasks
 from mot.errors import ConfigError, InputError
 from mot.pipeline import Pipeline
@@ -157,3 +157,16 @@ def test_shapes_tasks_are_refused_on_other_datasets():
   config.data.task_weights.shapes_vqa = 1.0
   with pytest.raises(ConfigError, match="dataset='shapes'"):
     config_lib.validate(config)
+
+
+def test_reason_returns_the_answer_after_a_relation_trace(pipe, monkeypatch):
+  """A run trained with data.relation_trace replies "red circle 1, blue square 7: yes";
+  Pipeline.reason returns the grammar's answer, "yes"."""
+  traced = shapes_config.get_config("tiny")
+  traced.data.relation_trace = True
+  reply = pipe.tokenizer.encode(" red circle 1, blue square 7: yes")
+  monkeypatch.setattr(pipe, "final_answer", pipeline_setup.answer_reader(traced))
+  monkeypatch.setattr(pipe, "decode_answers", lambda examples, *a, **k: [reply] * len(examples))
+  image = shapes_scene.render(shapes.training_scene(0, 3))
+  question = "Is the red circle above the blue square?"
+  assert pipe.reason([question, question], images=[image, image]) == ["yes", "yes"]

@@ -12,6 +12,8 @@ example, through the deterministic streams of `mot.data.shapes`:
   shapes_text         BOS  a red square left of a blue circle means a blue ...  EOS
   shapes_think_draw   BOS  [img> context <img]  draw three of the shape that is red:
                            three red circles  [img> noised <img]  EOS
+                           (with data.relation_trace a relation question is answered
+                           "red circle 2, blue square 7: yes": mot.data.shapes_think)
   shapes_order        BOS  [img> clean <img]  Which is left of the other, the red
                            circle or the blue square?  red circle  EOS  (up to
                            vqa_questions such turns; a curriculum outside the
@@ -43,6 +45,7 @@ from mot.data import shapes
 from mot.data import shapes_grammar as grammar
 from mot.data import shapes_order
 from mot.data import shapes_scene
+from mot.data import shapes_think
 from mot.data import tasks
 from mot.data.builder import SequenceBuilder
 from mot.errors import field
@@ -67,6 +70,7 @@ class ShapesTaskOptions:
   scene: shapes_scene.ShapesOptions
   tokenizer: tokenizer_lib.Tokenizer = tokenizer_lib.BYTE_TOKENIZER   # the run's
   vqa_questions: int = 1    # questions (with answers) a shapes_vqa example asks of its image
+  relation_trace: bool = False  # relation answers write both places first (shapes_think)
 
 
 def image_patches(image: np.ndarray, patch_size: int) -> np.ndarray:
@@ -146,6 +150,8 @@ def _vqa(image, key, options: ShapesTaskOptions, variant: int):
   qtype = qtypes[key % len(qtypes)]
   scene, qa = shapes.vqa_example(0, key // len(qtypes), options.scene, qtype)
   more = shapes.more_questions(0, key, scene, qa, options.vqa_questions - 1, options.scene)
+  if options.relation_trace:
+    qa, *more = (shapes_think.with_trace(q, scene) for q in (qa, *more))
   return reading_example(shapes_scene.render(scene), qa.question, qa.answer, options, more)
 
 
@@ -213,6 +219,8 @@ def max_example_length(name: str, options: ShapesTaskOptions) -> int:
   n = shapes.max_text_tokens(options.scene, options.tokenizer)
   img = image_tokens(options)
   short = max(len(options.tokenizer.encode(w)) for w in _SHORT_ANSWERS)
+  if options.relation_trace:
+    short = max(short, shapes_think.longest_trace(options.scene, options.tokenizer))
   describe = len(options.tokenizer.encode(grammar.DESCRIBE_QUESTION))
   lengths = {
       "shapes_generation": 1 + n["caption"] + img + 1,
@@ -251,6 +259,8 @@ def heldout_examples(task: str, options: ShapesTaskOptions,
     qtypes = shapes.vqa_types(options.scene)
     items = [shapes.vqa_set(q, split, n // len(qtypes) + 1, options.scene)[i // len(qtypes)]
              for i, q in zip(range(n), (qtypes * n)[:n])]
+    if options.relation_trace:   # the held-out loss scores what training teaches
+      items = [(s, shapes_think.with_trace(qa, s)) for s, qa in items]
     return [reading_example(shapes_scene.render(s), qa.question, qa.answer, options)
             for s, qa in items]
   raise ValueError(f"no held-out examples for task {task!r}: use {sorted(HELDOUT_ALIASES)}")
@@ -298,4 +308,8 @@ def validate(data_config: Any,
   if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 16:
     raise ValueError(f"config.data.vqa_questions={k!r} must be an integer in [1, 16] "
                      "(questions a shapes_vqa example asks of its image)")
-  return ShapesTaskOptions(p, patch_dim, scene, tokenizer, k)
+  trace = field(data_config, "relation_trace", "config.data")
+  if not isinstance(trace, bool):
+    raise ValueError(f"config.data.relation_trace={trace!r} must be True or False (relation "
+                     "answers written after both objects' places: mot.data.shapes_think)")
+  return ShapesTaskOptions(p, patch_dim, scene, tokenizer, k, trace)

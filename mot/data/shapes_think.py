@@ -1,0 +1,78 @@
+"""Think-then-answer for the Shapes relation questions: both places in text, then yes / no.
+
+"Is the red circle left of the blue square?" needs two objects found by name and their
+places compared in one step; trained so, the answer stays at chance (docs/results.md §6,
+`bench.relation_flip`). With `config.data.relation_trace` the training answer first
+writes each named object's place on the relation's axis, then the answer:
+
+  Is the red circle left of the blue square?   red circle 2, blue square 7: yes
+
+So the question becomes two lookups of an object's place (an attribute, as its colour is
+one) and a comparison of two digits in text. A place is the centre's column (left of /
+right of) or row (above / below) in PLACE_STEP-pixel steps; a relation holds with
+MARGIN px to spare and PLACE_STEP = MARGIN, so the two places always differ and the trace
+decides the answer. `Pipeline.reason` returns only the text after the trace
+(`final_answer`), so answers keep the grammar's form.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+from mot.data import shapes_grammar as grammar
+from mot.data.shapes_scene import Scene
+from mot.data.shapes_scene import SceneObject
+from mot.data.shapes_scene import ShapesOptions
+
+SEPARATOR = ": "            # ends the trace; no grammar answer contains it
+PLACE_STEP = grammar.MARGIN  # px a place step: two related objects' places always differ
+_AXIS = {"left of": 0, "right of": 0, "above": 1, "below": 1}   # index into SceneObject.center
+
+
+def relation_of(question: str) -> str:
+  """The relation word of a relation question ("left of", ...)."""
+  found = [r for r in grammar.RELATIONS if f" {r} the " in question]
+  if grammar.question_type(question) != "relation" or len(found) != 1:
+    raise ValueError(f"{question!r} is not a relation question of the Shapes grammar")
+  return found[0]
+
+
+def place(obj: SceneObject, relation: str) -> int:
+  """The object's place on the relation's axis: its centre in PLACE_STEP-px steps."""
+  return int(obj.center[_AXIS[relation]] // PLACE_STEP)
+
+
+def trace_text(a: SceneObject, b: SceneObject, relation: str, answer: str) -> str:
+  """"{a's colour and shape} {place}, {b's} {place}: {answer}"."""
+  return (f"{' '.join(a.kind)} {place(a, relation)}, {' '.join(b.kind)} "
+          f"{place(b, relation)}{SEPARATOR}{answer}")
+
+
+def with_trace(qa: grammar.QA, scene: Scene) -> grammar.QA:
+  """`qa` with its trained answer preceded by the trace when it is a relation question
+  (objects (i, j) of `scene`, as `grammar.answer_question` names them); other questions
+  unchanged. The accepted answers stay the grammar's: `final_answer` is what is scored."""
+  if qa.qtype != "relation":
+    return qa
+  i, j = qa.objects
+  text = trace_text(scene.objects[i], scene.objects[j], relation_of(qa.question), qa.answer)
+  return dataclasses.replace(qa, answer=text)
+
+
+def final_answer(text: str) -> str:
+  """The answer a traced reply gives: the text after its last SEPARATOR (all of it when
+  there is none, as in every untraced answer)."""
+  return text.rsplit(SEPARATOR, 1)[-1].strip()
+
+
+def longest_trace(options: ShapesOptions, tokenizer) -> int:
+  """Most tokens (`tokenizer`'s, no EOS) a traced relation answer takes under `options`:
+  the longest names at the farthest place, both answers."""
+  far = SceneObject(options.image_size - 1, options.image_size - 1, 1, 1, "", "")
+  longest = 0
+  for (ca, sa), (cb, sb) in itertools.product(options.all_types, repeat=2):
+    a = dataclasses.replace(far, color=ca, shape=sa)
+    b = dataclasses.replace(far, color=cb, shape=sb)
+    for answer in ("yes", "no"):
+      longest = max(longest, len(tokenizer.encode(trace_text(a, b, "below", answer))))
+  return longest
