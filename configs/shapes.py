@@ -81,6 +81,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.data.relation_trace = False      # relation answers first write both objects' places,
                                      # "red circle 2, blue square 7: yes"; sample.py and
                                      # evaluation keep what follows ": " (shapes_think)
+  c.data.layout_plan = False         # a caption to draw is followed by its layout plan,
+                                     # "a red circle: red circle 1 5", which the AR head
+                                     # writes before the DM head draws (shapes_think)
   c.data.patch_size = PATCH          # 32x32 scene -> (32/8)^2 = 16 patches
   c.data.patch_dim = PATCH_DIM       # width of the patches field (>= patch_size**2 * 3)
   c.data.shift_pixels = 0            # unused: scenes are drawn anew for every example
@@ -120,6 +123,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                                      # (Fréchet distance; docs/results.md §6)
   c.sample.context_length = 256      # longest prompt + answer sampling accepts
   c.sample.reason_shifts = 0         # scenes are read as given (no test-time shifts)
+  c.sample.plan_temperature = 1.0    # layout plans (data.layout_plan) are drawn from the
+                                     # AR head's distribution, as images from the DM's
 
   if variant == "tiny":
     c.num_train_steps = 2

@@ -136,15 +136,20 @@ def _upgrade_to_v6(config: dict) -> None:
 
 
 # Version 7 let Shapes relation answers write both objects' places first
-# (data.relation_trace, mot.data.shapes_think); every earlier Shapes run answered directly.
-_V7_DATA_BY_DATASET = {"shapes": {"relation_trace": False},
-                       "shapes_video": {"relation_trace": False}}
+# (data.relation_trace) and captions to draw be followed by a layout plan
+# (data.layout_plan, drawn at sample.plan_temperature; mot.data.shapes_think): every
+# earlier Shapes run answered and drew directly.
+_V7_SHAPES = {"relation_trace": False, "layout_plan": False}
+_V7_DATA_BY_DATASET = {"shapes": _V7_SHAPES, "shapes_video": _V7_SHAPES}
+_V7_SAMPLE_BY_DATASET = {"shapes": {"plan_temperature": 1.0}}
 
 
 def _upgrade_to_v7(config: dict) -> None:
-  """Version 6 -> 7: Shapes' data.relation_trace (off)."""
+  """Version 6 -> 7: Shapes' data.relation_trace and data.layout_plan (off), and
+  sample.plan_temperature (1, unread without a plan)."""
   data = config.setdefault("data", {})
   _fill(data, _V7_DATA_BY_DATASET.get(data.get("dataset"), {}))
+  _fill(config.setdefault("sample", {}), _V7_SAMPLE_BY_DATASET.get(data.get("dataset"), {}))
 
 
 _UPGRADES = {0: _upgrade_to_v1, 1: _upgrade_to_v2, 2: _upgrade_to_v3,

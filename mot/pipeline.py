@@ -55,7 +55,7 @@ from mot import pipeline_setup as setup
 from mot import sample_options as opts
 from mot import tokenizer as tokenizer_lib
 from mot.data import (clip_files, input_pipeline, moving_digits, preprocess, shapes_grammar,
-                      shapes_tasks, tasks)
+                      shapes_tasks, shapes_think, tasks)
 from mot.errors import InputError
 from mot.model import MoT
 from mot.prompts import PromptBuilder
@@ -130,6 +130,9 @@ class Pipeline:
     self.default_max_new_tokens, self.default_draw_tokens = setup.answer_budgets(
         config, self.tokenizer, self.default_max_new_tokens, THINK_TOKENS)
     self.final_answer = setup.answer_reader(config)
+    # Shapes runs that draw after a layout plan (data.layout_plan) write it first.
+    self.plan_temperature = (float(sample.plan_temperature)
+                             if self.is_shapes and data.layout_plan else None)
 
   @classmethod
   def from_workdir(cls, workdir: str, use_ema: bool = True, step: int | None = None,
@@ -386,6 +389,8 @@ class Pipeline:
     if not self.is_video:
       if num_frames is not None:
         self.require_video("num_frames")
+      if self.plan_temperature is not None:
+        return self.plan_then_draw(prompts, num_samples, steps, cfg_scale, sampler, seed)[1]
       examples = [self.prompts.generation_example(p) for p in prompts]
       return self.to_images(self.denoise(examples, num_samples, steps, cfg_scale, sampler,
                                          seed))
@@ -414,7 +419,7 @@ class Pipeline:
     steps, cfg_scale, sampler = self.sampling_settings(num_samples, steps, cfg_scale, sampler)
     seed = opts.check_seed(seed)
     frames, _ = self.unit_images(first_frames)
-    actions = action_chunks(actions, len(frames))
+    actions = opts.action_chunks(actions, len(frames))
     rows = [(f, a) for f, a in zip(frames, actions) for _ in range(num_samples)]
     predicted = self.draw_clips(
         lambda r, drawn: self.prompts.world_model_example(*rows[r], drawn), len(rows),
@@ -548,6 +553,23 @@ class Pipeline:
     return (answers[0] if single else answers), images
 
 
+  def plan_then_draw(self, prompts: list[str], num_samples: int, steps: int,
+                     cfg_scale: float, sampler: str, seed: int
+                     ) -> tuple[list[str], np.ndarray]:
+    """`generate` of a Shapes run trained with data.layout_plan: the AR head writes each
+    sample's plan after its caption ("a red circle: red circle 1 5"), drawn at
+    config.sample.plan_temperature, then the DM head draws the image conditioned on both.
+    Returns (plans, images), both prompt-major, len(prompts) * num_samples long."""
+    rows = [shapes_think.plan_prompt(p) for p in prompts for _ in range(num_samples)]
+    asks = [self.prompts.reasoning_prompt(r) for r in rows]
+    need = self.default_draw_tokens + latent.image_tokens(self.config) + 3
+    for ex in asks:
+      self.check_length(len(ex["tokens"]), need, "caption, layout plan and image")
+    ids = self.decode_answers(asks, self.default_draw_tokens, self.plan_temperature, seed=seed)
+    examples = [self.prompts.generation_example(r, i) for r, i in zip(rows, ids)]
+    images = self.to_images(self.denoise(examples, 1, steps, cfg_scale, sampler, seed))
+    return [self.tokenizer.decode(i).strip() for i in ids], images
+
   def _draw_contexts(self, prompts: list[str], images: Any) -> list:
     """One context image [S, S(, C)] in [0, 1] (or None) per think-then-draw prompt."""
     if images is None:
@@ -566,28 +588,3 @@ def shift(image: np.ndarray, dy: int, dx: int) -> np.ndarray:
     return tasks.shift_image(image, dy, dx, background=0.0)
   return np.moveaxis(tasks.shift_image(np.moveaxis(image, -1, 0), dy, dx, background=0.0),
                      0, -1)
-
-
-def action_chunks(actions: Any, num_frames: int) -> np.ndarray:
-  """float32 [N, K, 2] action chunks for N first frames, from a string
-  ("right,right,up"), one chunk [K, 2] shared by every frame, or [N, K, 2]."""
-  if isinstance(actions, str):
-    actions = parse_actions(actions)
-  actions = np.asarray(actions, np.float32)
-  if actions.ndim == 2:
-    actions = np.broadcast_to(actions, (num_frames, *actions.shape))
-  if (actions.ndim != 3 or actions.shape[0] != num_frames or actions.shape[1] < 1
-      or actions.shape[2] != 2):
-    raise InputError(f"actions must be [K, 2] (dx, dy) steps, or [N, K, 2] for N first "
-                     f"frames; got shape {actions.shape} for {num_frames} frames")
-  if not np.all(np.isfinite(actions)):
-    raise InputError("actions hold non-finite values")
-  return actions
-
-
-def parse_actions(spec: str) -> np.ndarray:
-  """`mot.data.moving_digits.parse_actions`, its errors as InputError."""
-  try:
-    return moving_digits.parse_actions(spec)
-  except ValueError as e:
-    raise InputError(str(e)) from None

@@ -49,15 +49,18 @@ def run_question(config: Any) -> str:
 def answer_budgets(config: Any, tokenizer, answer: int, draw: int) -> tuple[int, int]:
   """(reason's, think_then_draw's) default token budgets, end token included: at least
   `answer` and `draw`, and for Shapes enough for the grammar's longest answer (a caption,
-  or a traced relation answer when data.relation_trace) and think-then-draw answer."""
+  or a traced relation answer when data.relation_trace) and think-then-draw answer or
+  layout plan (data.layout_plan)."""
   if config.data.dataset != shapes_tasks.DATASET:
     return answer, draw
   options = shapes_tasks.scene_options(config.data)
   longest = shapes.max_text_tokens(options, tokenizer)
-  answers = longest["answer"]
+  answers, draws = longest["answer"], longest["draw_answer"]
   if config.data.relation_trace:
     answers = max(answers, shapes_think.longest_trace(options, tokenizer))
-  return max(answer, answers + 1), max(draw, longest["draw_answer"] + 1)
+  if config.data.layout_plan:
+    draws = max(draws, shapes_think.longest_plan(options, tokenizer))
+  return max(answer, answers + 1), max(draw, draws + 1)
 
 
 def answer_reader(config: Any) -> Callable[[str], str]:

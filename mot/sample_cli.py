@@ -25,7 +25,7 @@ from mot import media
 from mot import sample_options as opts
 from mot.data import clip_files
 from mot.errors import InputError
-from mot.pipeline import Pipeline, parse_actions
+from mot.pipeline import Pipeline
 
 MODES = ("reason", "generate", "think_then_draw")
 
@@ -67,7 +67,7 @@ def _check_actions(r: Request) -> np.ndarray | None:
   if r.mode != "generate":
     raise InputError(f"--actions is for --mode generate (with --images FIRST_FRAME), "
                      f"not {r.mode}")
-  actions = parse_actions(r.actions)
+  actions = opts.parse_actions(r.actions)
   if not r.images:
     raise InputError("--actions needs the first frame(s): give --images FIRST_FRAME.png")
   if r.prompts:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from mot import diffusion
+from mot.data import moving_digits
 from mot.errors import InputError
 
 
@@ -73,3 +75,27 @@ def check_num_frames(num_frames) -> int:
     raise InputError(f"num_frames={num_frames!r} must be a positive integer")
   return int(num_frames)
 
+
+def action_chunks(actions: Any, num_frames: int) -> np.ndarray:
+  """float32 [N, K, 2] action chunks for N first frames, from a string
+  ("right,right,up"), one chunk [K, 2] shared by every frame, or [N, K, 2]."""
+  if isinstance(actions, str):
+    actions = parse_actions(actions)
+  actions = np.asarray(actions, np.float32)
+  if actions.ndim == 2:
+    actions = np.broadcast_to(actions, (num_frames, *actions.shape))
+  if (actions.ndim != 3 or actions.shape[0] != num_frames or actions.shape[1] < 1
+      or actions.shape[2] != 2):
+    raise InputError(f"actions must be [K, 2] (dx, dy) steps, or [N, K, 2] for N first "
+                     f"frames; got shape {actions.shape} for {num_frames} frames")
+  if not np.all(np.isfinite(actions)):
+    raise InputError("actions hold non-finite values")
+  return actions
+
+
+def parse_actions(spec: str) -> np.ndarray:
+  """`mot.data.moving_digits.parse_actions`, its errors as InputError."""
+  try:
+    return moving_digits.parse_actions(spec)
+  except ValueError as e:
+    raise InputError(str(e)) from None

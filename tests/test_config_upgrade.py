@@ -129,10 +129,13 @@ def test_a_version_5_config_places_media_by_mrope_alone():
   assert config_upgrade.upgrade_config(saved).to_dict() == current.to_dict()
 
 
-def test_a_version_6_shapes_config_answers_relations_directly():
-  """Version 7 added data.relation_trace: older Shapes runs answered yes / no at once."""
+def test_a_version_6_shapes_config_answers_and_draws_directly():
+  """Version 7 added data.relation_trace and data.layout_plan: older Shapes runs answered
+  yes / no at once and drew without a plan."""
   current = shapes.get_config("tiny")
   saved = dict(config_upgrade.saved_form(current), config_version=6)
-  del saved["data"]["relation_trace"]
-  current.data.relation_trace = False
+  del saved["data"]["relation_trace"], saved["data"]["layout_plan"]
+  del saved["sample"]["plan_temperature"]
+  current.data.relation_trace = current.data.layout_plan = False
+  current.sample.plan_temperature = 1.0
   assert config_upgrade.upgrade_config(saved).to_dict() == current.to_dict()

@@ -170,3 +170,23 @@ def test_reason_returns_the_answer_after_a_relation_trace(pipe, monkeypatch):
   image = shapes_scene.render(shapes.training_scene(0, 3))
   question = "Is the red circle above the blue square?"
   assert pipe.reason([question, question], images=[image, image]) == ["yes", "yes"]
+
+
+def test_generate_writes_a_layout_plan_first_when_the_run_trained_with_one(pipe, monkeypatch):
+  """data.layout_plan: generate decodes one plan per sample after "caption:", at
+  sample.plan_temperature, then draws each image conditioned on caption and plan."""
+  asked = []
+  decode = pipe.decode_answers
+
+  def spy(examples, max_new_tokens, temperature=0.0, *a, **k):
+    asked.append((len(examples), max_new_tokens, temperature))
+    return decode(examples, max_new_tokens, temperature, *a, **k)
+
+  monkeypatch.setattr(pipe, "plan_temperature", 1.0)
+  monkeypatch.setattr(pipe, "decode_answers", spy)
+  images = pipe.generate(["a red square", "two green circles"], num_samples=2, steps=2)
+  assert images.shape == (4, 32, 32, 3) and np.isfinite(images).all()
+  assert asked == [(4, pipe.default_draw_tokens, 1.0)]
+  plans, again = pipe.plan_then_draw(["a red square"], 2, 2, 1.0, "euler", 0)
+  assert len(plans) == 2 and all(isinstance(p, str) for p in plans)
+  np.testing.assert_array_equal(again, images[:2])   # (seed, row) fix plans and noise

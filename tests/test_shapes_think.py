@@ -1,5 +1,7 @@
 """Think-then-answer for relation questions (mot.data.shapes_think): the traces, the
 training examples that carry them, and the pipeline reading the answer after them."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -93,3 +95,40 @@ def test_the_config_field_is_checked_and_read_by_the_pipeline():
   assert traced == max(plain, shapes_think.longest_trace(OPTIONS, WORDS) + 1) > plain
   with pytest.raises(ValueError, match="relation_trace='yes' must be True or False"):
     shapes_tasks.validate(dict(config.data.to_dict(), relation_trace="yes"))
+
+
+# ------------------------------------------------------------------ layout plans
+
+
+def test_a_plan_lists_every_object_with_its_column_and_row_place():
+  red = SceneObject(2, 2, 7, 7, "red", "circle")        # centre (5, 5): places 1, 1
+  blue = SceneObject(20, 21, 7, 7, "blue", "square")    # centre (24, 23): places 8, 7
+  assert shapes_think.plan_text(Scene((red, blue)).objects) == (
+      " red circle 1 1, blue square 8 7")
+  assert shapes_think.plan_prompt("a red circle above a blue square ") == (
+      "a red circle above a blue square:")
+  longest = shapes_think.longest_plan(OPTIONS, WORDS)
+  for index in range(100):
+    _, scene = shapes.generation_example(0, index, OPTIONS)
+    assert len(WORDS.encode(shapes_think.plan_text(scene.objects))) <= longest
+
+
+def test_planned_generation_examples_teach_caption_then_plan_as_conditioning():
+  plain = shapes_tasks.ShapesTaskOptions(8, 192, OPTIONS, WORDS, 3)
+  planned = dataclasses.replace(plain, layout_plan=True)
+  rng = np.random.default_rng(0)
+  for _ in range(30):
+    ex = shapes_tasks.build_example("shapes_generation", None, None, planned, rng)
+    text = ex["modality"] == 0
+    cond = WORDS.decode(ex["tokens"][text & (ex["cond_mask"] > 0)])
+    caption, plan = cond.split(shapes_think.PLAN_SEPARATOR)
+    assert grammar.parse_caption(caption) is not None
+    objects = plan.split(", ")
+    assert len(objects) == len(grammar.parse_caption(caption).kinds)
+    assert len(ex["tokens"]) <= shapes_tasks.max_example_length("shapes_generation", planned)
+    targets = WORDS.decode(ex["ar_targets"][ex["ar_weights"] > 0])
+    assert plan.strip() in targets                       # the AR head learns to write it
+  assert (shapes_tasks.max_example_length("shapes_generation", plain)
+          < shapes_tasks.max_example_length("shapes_generation", planned))
+  held = shapes_tasks.heldout_examples("shapes_generation", planned, n=8)
+  assert all(shapes_think.PLAN_SEPARATOR in WORDS.decode(ex["tokens"]) for ex in held)

@@ -5,6 +5,8 @@ an example is a pure function of (seed, element index) and resuming is exact) in
 example, through the deterministic streams of `mot.data.shapes`:
 
   shapes_generation   BOS  a red square left of a blue circle  [img> noised <img]  EOS
+                           (with data.layout_plan the caption ends in ":" and its plan,
+                           " red square 1 5, blue circle 7 6", follows: shapes_think)
   shapes_vqa          BOS  [img> clean <img]  How many red objects are there?  2  EOS
                            (then vqa_questions - 1 more questions about it, each
                            question  answer  EOS)
@@ -71,6 +73,7 @@ class ShapesTaskOptions:
   tokenizer: tokenizer_lib.Tokenizer = tokenizer_lib.BYTE_TOKENIZER   # the run's
   vqa_questions: int = 1    # questions (with answers) a shapes_vqa example asks of its image
   relation_trace: bool = False  # relation answers write both places first (shapes_think)
+  layout_plan: bool = False     # captions to draw are followed by a layout plan (same)
 
 
 def image_patches(image: np.ndarray, patch_size: int) -> np.ndarray:
@@ -92,11 +95,17 @@ def _answer(b: SequenceBuilder, text: str, cond: bool = False) -> None:
   b.add_text(_ids(b, text) + [b.tokenizer.eos_id], loss=True, cond=cond)
 
 
-def generation_example(caption: str, image: np.ndarray, options: ShapesTaskOptions
-                       ) -> dict[str, np.ndarray]:
-  """Caption -> image: BOS, caption (target, conditioning), noised image, EOS (target)."""
+def generation_example(caption: str, image: np.ndarray, options: ShapesTaskOptions,
+                       plan: str | None = None) -> dict[str, np.ndarray]:
+  """Caption -> image: BOS, caption (target, conditioning), noised image, EOS (target);
+  with a layout plan (`shapes_think.plan_text`) the caption ends in ":" and the plan
+  follows it, both targets and conditioning."""
   b = _start(options)
-  b.add_text(_ids(b, caption), loss=True, cond=True)
+  if plan is None:
+    b.add_text(_ids(b, caption), loss=True, cond=True)
+  else:
+    b.add_text(_ids(b, shapes_think.plan_prompt(caption)), loss=True, cond=True)
+    b.add_text(_ids(b, plan), loss=True, cond=True)
   b.add_image(image_patches(image, options.patch_size), noised=True)
   b.add_text([b.tokenizer.eos_id], loss=True)
   return b.build()
@@ -141,7 +150,12 @@ def think_draw_example(context: np.ndarray, prompt: str, answer: str, image: np.
 def _generation(image, key, options: ShapesTaskOptions, variant: int):
   del image, variant  # Everything comes from the key.
   caption, scene = shapes.generation_example(0, key, options.scene)
-  return generation_example(caption, shapes_scene.render(scene), options)
+  return generation_example(caption, shapes_scene.render(scene), options, _plan(scene, options))
+
+
+def _plan(scene, options: ShapesTaskOptions) -> str | None:
+  """The scene's layout plan when the run trains with one (data.layout_plan), else None."""
+  return shapes_think.plan_text(scene.objects) if options.layout_plan else None
 
 
 def _vqa(image, key, options: ShapesTaskOptions, variant: int):
@@ -223,7 +237,8 @@ def max_example_length(name: str, options: ShapesTaskOptions) -> int:
     short = max(short, shapes_think.longest_trace(options.scene, options.tokenizer))
   describe = len(options.tokenizer.encode(grammar.DESCRIBE_QUESTION))
   lengths = {
-      "shapes_generation": 1 + n["caption"] + img + 1,
+      "shapes_generation": 1 + n["caption"] + img + 1 + (1 + shapes_think.longest_plan(
+          options.scene, options.tokenizer) if options.layout_plan else 0),
       "shapes_vqa": 1 + img + options.vqa_questions * (n["question"] + short + 1),
       "shapes_caption": 1 + img + describe + n["caption"] + 1,
       "shapes_text": 1 + n["text"] + 1,
@@ -253,7 +268,8 @@ def heldout_examples(task: str, options: ShapesTaskOptions,
                                  options.scene)[i // len(categories)]
       scene = shapes.scene_for(grammar.parse_caption(prompt),
                                shapes_scene.rng_for("eval/loss", i), options.scene, split)
-      out.append(generation_example(prompt, shapes_scene.render(scene), options))
+      out.append(generation_example(prompt, shapes_scene.render(scene), options,
+                                    _plan(scene, options)))
     return out
   if task == "shapes_vqa":
     qtypes = shapes.vqa_types(options.scene)
@@ -312,4 +328,8 @@ def validate(data_config: Any,
   if not isinstance(trace, bool):
     raise ValueError(f"config.data.relation_trace={trace!r} must be True or False (relation "
                      "answers written after both objects' places: mot.data.shapes_think)")
-  return ShapesTaskOptions(p, patch_dim, scene, tokenizer, k, trace)
+  plan = field(data_config, "layout_plan", "config.data")
+  if not isinstance(plan, bool):
+    raise ValueError(f"config.data.layout_plan={plan!r} must be True or False (captions to "
+                     "draw followed by the objects' places: mot.data.shapes_think)")
+  return ShapesTaskOptions(p, patch_dim, scene, tokenizer, k, trace, plan)

@@ -13,6 +13,18 @@ right of) or row (above / below) in PLACE_STEP-pixel steps; a relation holds wit
 MARGIN px to spare and PLACE_STEP = MARGIN, so the two places always differ and the trace
 decides the answer. `Pipeline.reason` returns only the text after the trace
 (`final_answer`), so answers keep the grammar's form.
+
+Drawing has the same trouble: the DM head alone lets each 8x8 patch settle its part of a
+scene from its own noise, and the parts do not agree (docs/results.md §6). With
+`config.data.layout_plan` a caption is followed by its layout, written by the AR head
+and then drawn by the DM head, conditioned on both:
+
+  a red circle left of a blue square: red circle 1 5, blue square 7 3   [image]
+
+each object (scene order: top to bottom, then left to right) with its centre's column and
+row place. Count, colours and places are then decided in text, one token at a time,
+where an AR head resolves choices; `Pipeline.generate` writes the plan first
+(`mot.pipeline.Pipeline.plan_then_draw`).
 """
 from __future__ import annotations
 
@@ -25,6 +37,7 @@ from mot.data.shapes_scene import SceneObject
 from mot.data.shapes_scene import ShapesOptions
 
 SEPARATOR = ": "            # ends the trace; no grammar answer contains it
+PLAN_SEPARATOR = ":"        # ends a caption that a layout plan follows
 PLACE_STEP = grammar.MARGIN  # px a place step: two related objects' places always differ
 _AXIS = {"left of": 0, "right of": 0, "above": 1, "below": 1}   # index into SceneObject.center
 
@@ -40,6 +53,27 @@ def relation_of(question: str) -> str:
 def place(obj: SceneObject, relation: str) -> int:
   """The object's place on the relation's axis: its centre in PLACE_STEP-px steps."""
   return int(obj.center[_AXIS[relation]] // PLACE_STEP)
+
+
+def plan_prompt(caption: str) -> str:
+  """The text a layout plan follows: the caption and PLAN_SEPARATOR."""
+  return caption.strip() + PLAN_SEPARATOR
+
+
+def plan_text(objects) -> str:
+  """" red circle 1 5, blue square 7 3": each object's colour, shape, and its centre's
+  column (left of / right of) and row (above / below) places, in the given order."""
+  return " " + ", ".join(f"{' '.join(o.kind)} {place(o, 'left of')} {place(o, 'above')}"
+                         for o in objects)
+
+
+def longest_plan(options: ShapesOptions, tokenizer) -> int:
+  """Most tokens (`tokenizer`'s, no end token) a layout plan takes under `options`:
+  max_objects objects of the longest names at the farthest place."""
+  far = options.image_size - 1
+  return max(len(tokenizer.encode(plan_text(
+      [SceneObject(far, far, 1, 1, c, s)] * options.max_objects)))
+      for c, s in options.all_types)
 
 
 def trace_text(a: SceneObject, b: SceneObject, relation: str, answer: str) -> str:
