@@ -488,3 +488,25 @@ def test_relation_flip_premise_a_mirrored_scene_has_the_opposite_answer():
   assert figures == {"items": 2, "true": 0.5,
                      "with_relation": np.mean([" and " not in truth[0], False]),
                      "changed": 0.5}
+
+
+def test_plan_follow_judges_plans_and_drawings_by_the_places():
+  from bench import plan_follow
+  from mot import shapes_detector
+  from mot.data import shapes_scene, shapes_think
+  from mot.data.shapes_scene import Scene, SceneObject
+  red = SceneObject(2, 2, 7, 7, "red", "circle")        # places (1, 1)
+  blue = SceneObject(20, 21, 7, 7, "blue", "square")    # places (8, 7)
+  plan = shapes_think.plan_text([red, blue])
+  assert shapes_think.parse_plan(plan) == [("red", "circle", 1, 1), ("blue", "square", 8, 7)]
+  assert shapes_think.parse_plan("red circle 1") is None
+  assert plan_follow.plan_valid("a red circle left of a blue square", plan)
+  assert not plan_follow.plan_valid("a blue square left of a red circle", plan)
+  assert plan_follow.plan_valid("a blue square below a red circle", plan)
+  assert not plan_follow.plan_valid("a red circle", plan)            # an extra object
+  assert not plan_follow.plan_valid("a red circle and a blue square", "red circle 1")
+  seen = shapes_detector.detect(shapes_scene.render(Scene((red, blue))))
+  assert plan_follow.drawn_as_planned(plan, seen)
+  assert plan_follow.drawn_as_planned(" red circle 2 2, blue square 8 7", seen)  # one step off
+  assert not plan_follow.drawn_as_planned(" red circle 3 1, blue square 8 7", seen)
+  assert not plan_follow.drawn_as_planned(" red circle 1 1", seen)

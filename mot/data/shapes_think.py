@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 
 from mot.data import shapes_grammar as grammar
 from mot.data.shapes_scene import Scene
@@ -40,6 +41,7 @@ SEPARATOR = ": "            # ends the trace; no grammar answer contains it
 PLAN_SEPARATOR = ":"        # ends a caption that a layout plan follows
 PLACE_STEP = grammar.MARGIN  # px a place step: two related objects' places always differ
 _AXIS = {"left of": 0, "right of": 0, "above": 1, "below": 1}   # index into SceneObject.center
+_PLAN_ITEM = re.compile(r"([a-z]+) ([a-z]+) (\d+) (\d+)")
 
 
 def relation_of(question: str) -> str:
@@ -65,6 +67,15 @@ def plan_text(objects) -> str:
   column (left of / right of) and row (above / below) places, in the given order."""
   return " " + ", ".join(f"{' '.join(o.kind)} {place(o, 'left of')} {place(o, 'above')}"
                          for o in objects)
+
+
+def parse_plan(text: str) -> list[tuple[str, str, int, int]] | None:
+  """[(colour, shape, column place, row place)] of a plan's text (`plan_text`'s form,
+  leading space optional), or None when it is not in that form."""
+  items = [_PLAN_ITEM.fullmatch(part) for part in text.strip().split(", ")]
+  if not all(items):
+    return None
+  return [(m[1], m[2], int(m[3]), int(m[4])) for m in items]
 
 
 def longest_plan(options: ShapesOptions, tokenizer) -> int:
