@@ -190,9 +190,10 @@ def main(mesh_shapes):
         "eval_activation_constraints": out["eval_activation_constraints"],
         "seconds": round(time.perf_counter() - t, 1)}
   # The default configs' bf16 matmul operands on a mesh that splits batch, fsdp and
-  # tensor at once: the same training up to bf16 rounding flips.
-  bf16_ref = run("(1,1,1)", devices[:1], batches, "bfloat16")
-  bf16 = run("(2,2,2)", devices, batches, "bfloat16")
+  # tensor at once: the same training up to bf16 rounding flips. No held-out step: the
+  # float32 meshes check it, and its two compiles cost ~2.6 s of CPU.
+  bf16_ref = run("(1,1,1)", devices[:1], batches, "bfloat16", evaluate=False)
+  bf16 = run("(2,2,2)", devices, batches, "bfloat16", evaluate=False)
   report["bf16_2x2x2"] = {
       "losses": bf16["losses"], "reference_losses": bf16_ref["losses"],
       "params_max_rel_diff": max_rel_diff(bf16["params"], bf16_ref["params"]),
