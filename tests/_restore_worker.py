@@ -1,7 +1,7 @@
 """Subprocess half of tests/test_sharding.py's cross-mesh restore, on 8 fake CPU devices.
 
   XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/_restore_worker.py \
-      WORKDIR '(2,2,2)' '(1,2,4)' '(8,1,1)' '(1,1,1)'
+      WORKDIR '(2,2,2)' '(1,1,8)' '(8,1,1)' '(1,1,1)'
 
 Trains 2 steps on the first mesh and checkpoints them as train.py does (state, rng and the
 grain iterator, `mot.checkpoint`), then takes the 3rd step there (the reference). Every
