@@ -128,6 +128,10 @@ def test_planned_generation_examples_teach_caption_then_plan_as_conditioning():
     assert len(ex["tokens"]) <= shapes_tasks.max_example_length("shapes_generation", planned)
     targets = WORDS.decode(ex["ar_targets"][ex["ar_weights"] > 0])
     assert plan.strip() in targets                       # the AR head learns to write it
+    image_begins = ex["ar_targets"] == WORDS.begin("image")
+    assert (ex["ar_weights"][image_begins] > 0).sum() == 1  # ... and where it stops
+    ex = shapes_tasks.build_example("shapes_generation", None, None, plain, rng)
+    assert not (ex["ar_weights"][ex["ar_targets"] == WORDS.begin("image")] > 0).any()
   assert (shapes_tasks.max_example_length("shapes_generation", plain)
           < shapes_tasks.max_example_length("shapes_generation", planned))
   held = shapes_tasks.heldout_examples("shapes_generation", planned, n=8)

@@ -85,18 +85,21 @@ class SequenceBuilder:
     self._append(ids, [(p, p, p) for p in range(s, s + len(ids))], loss=loss, cond=cond)
     self._next_position += len(ids)
 
-  def add_image(self, patches: np.ndarray, noised: bool, cond: bool = False) -> None:
+  def add_image(self, patches: np.ndarray, noised: bool, cond: bool = False,
+                begin_loss: bool = False) -> None:
     """Appends an image of float [hp, wp, p] patches (a grid hp x wp) as one block.
 
     `noised` marks every patch as a diffusion target (dm_mask); `cond` marks the image
-    as classifier-free-guidance conditioning (e.g. the source image of an edit).
+    as classifier-free-guidance conditioning (e.g. the source image of an edit);
+    `begin_loss` makes its begin marker a next-token target, so the AR head learns where
+    the text before it ends (a sampled plan then stops on the marker, a special id).
     """
     patches = np.asarray(patches, np.float32)
     if patches.ndim != 3:
       raise ValueError(f"image patches must be [hp, wp, p], got shape {patches.shape}")
     hp, wp, _ = patches.shape
     self._add_block("image", patches.reshape(hp * wp, -1), _grid_offsets(1, hp, wp),
-                    max(hp, wp), noised, cond)
+                    max(hp, wp), noised, cond, begin_loss)
 
   def add_video(self, frames: np.ndarray, noised: bool, cond: bool = False) -> None:
     """Appends a clip of float [T, hp, wp, p] patches (T frames) as one block."""
@@ -190,11 +193,12 @@ class SequenceBuilder:
     return {k: out[k] for k in FIELDS}
 
   def _add_block(self, name: str, rows: np.ndarray, offsets: np.ndarray, span: int,
-                 noised: bool, cond: bool) -> None:
-    """Appends begin marker, block rows [m, p] at start + offsets [m, 3], end marker."""
+                 noised: bool, cond: bool, begin_loss: bool = False) -> None:
+    """Appends begin marker (a next-token target if begin_loss), block rows [m, p] at
+    start + offsets [m, 3], end marker."""
     modality = modalities.get(name)
     self._check_rows(name, rows)
-    self.add_text([self.tokenizer.begin(name)])
+    self.add_text([self.tokenizer.begin(name)], loss=begin_loss)
     start = self._next_position
     self._append_block(modality, rows, (start + offsets).tolist(), noised, cond)
     self._next_position = start + span

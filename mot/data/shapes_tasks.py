@@ -99,14 +99,16 @@ def generation_example(caption: str, image: np.ndarray, options: ShapesTaskOptio
                        plan: str | None = None) -> dict[str, np.ndarray]:
   """Caption -> image: BOS, caption (target, conditioning), noised image, EOS (target);
   with a layout plan (`shapes_think.plan_text`) the caption ends in ":" and the plan
-  follows it, both targets and conditioning."""
+  follows it, both targets and conditioning, and the image's begin marker is a target
+  too: it is where a sampled plan stops."""
   b = _start(options)
   if plan is None:
     b.add_text(_ids(b, caption), loss=True, cond=True)
   else:
     b.add_text(_ids(b, shapes_think.plan_prompt(caption)), loss=True, cond=True)
     b.add_text(_ids(b, plan), loss=True, cond=True)
-  b.add_image(image_patches(image, options.patch_size), noised=True)
+  b.add_image(image_patches(image, options.patch_size), noised=True,
+              begin_loss=plan is not None)
   b.add_text([b.tokenizer.eos_id], loss=True)
   return b.build()
 
