@@ -15,6 +15,9 @@ Three probes, all on fixed in-distribution items (`mot.data.shapes` evaluation s
   other, the red circle or the blue square?", the training-only curriculum of
   `mot.data.shapes_order`): the same three figures, the mirror's truth being the other
   object. A run that did not train on them says so by its accuracy.
+A run trained with relation traces (`data.relation_trace`) gets a fourth figure set, of
+its replies to the relation questions: replies in the trace's form, both written places
+within one step of the truth, and yes / no answers that follow the reply's own places.
 A model that reads positions changes its answer under the mirror about as often as the
 truth changes (always, for the questions); one that ignores them does not, and scores 50 %
 on yes / no. Prints a markdown table, then one JSON line with every figure.
@@ -33,6 +36,7 @@ from mot.data import shapes
 from mot.data import shapes_grammar as grammar
 from mot.data import shapes_order
 from mot.data import shapes_scene
+from mot.data import shapes_think
 
 FLAGS = flags.FLAGS
 HORIZONTAL = ("left of", "right of")
@@ -94,14 +98,35 @@ def caption_figures(scenes, captions, mirror_captions) -> dict:
           "changed": float(np.mean([a != b for a, b in zip(captions, mirror_captions)]))}
 
 
+def trace_figures(items, replies) -> dict:
+  """Of replies to relation items (scene, QA): replies in the trace's form, both places
+  within one step of the truth, answers that follow the reply's own places."""
+  form, near, follows = [], [], []
+  for (scene, qa), reply in zip(items, replies):
+    parsed = shapes_think.parse_trace(reply)
+    form.append(parsed is not None)
+    if parsed is None:
+      near.append(False)
+      follows.append(False)
+      continue
+    relation = shapes_think.relation_of(qa.question)
+    truth = [shapes_think.place(scene.objects[i], relation) for i in qa.objects]
+    near.append(all(abs(a - b) <= 1 for a, b in zip(parsed[:2], truth)))
+    follows.append(parsed[2] == shapes_think.implied_answer(*parsed[:2], relation))
+  return {"items": len(items), "form": float(np.mean(form)),
+          "places_within_one_step": float(np.mean(near)),
+          "answer_follows_places": float(np.mean(follows))}
+
+
 def probe(pipe, n: int) -> dict:
-  """The three probes' figures for a `mot.Pipeline`."""
+  """The probes' figures for a `mot.Pipeline` (the trace figures for a traced run)."""
   items = relation_items(n)
   images = [shapes_scene.render(s) for s, _ in items]
   questions = [qa.question for _, qa in items]
   mirrors = [mirrored(i) for i in images]
+  replies = pipe.reason(questions, images=images, raw=True)
   relation = question_figures([qa.answer for _, qa in items],
-                              pipe.reason(questions, images=images),
+                              [shapes_think.final_answer(r) for r in replies],
                               pipe.reason(questions, images=mirrors))
   orders = [order_item(s, qa) for s, qa in items]
   ask = [q for q, _, _ in orders]
@@ -112,8 +137,11 @@ def probe(pipe, n: int) -> dict:
   ask = [grammar.DESCRIBE_QUESTION] * len(scenes)
   caption = caption_figures(scenes, pipe.reason(ask, images=images),
                             pipe.reason(ask, images=[mirrored(i) for i in images]))
-  return {"relation_left_right": relation, "describe_two_objects": caption,
-          "order_left_right": order}
+  figures = {"relation_left_right": relation, "describe_two_objects": caption,
+             "order_left_right": order}
+  if pipe.config.data.relation_trace:
+    figures["relation_traces"] = trace_figures(items, replies)
+  return figures
 
 
 def table(figures: dict) -> str:
@@ -128,7 +156,17 @@ def table(figures: dict) -> str:
       f"| order left / right (curriculum) | {o['items']} | {pct(o['accuracy'])} | "
       f"{pct(o['mirror_accuracy'])} | {pct(o['changed'])} |",
       f"| describe, two objects ({pct(c['with_relation'])} with a relation) | {c['items']} | "
-      f"{pct(c['true'])} | | {pct(c['changed'])} |"])
+      f"{pct(c['true'])} | | {pct(c['changed'])} |"] + trace_line(figures, pct))
+
+
+def trace_line(figures: dict, pct) -> list[str]:
+  """The trace figures' line under the table, for a traced run."""
+  t = figures.get("relation_traces")
+  if t is None:
+    return []
+  return [f"\nrelation traces ({t['items']}): {pct(t['form'])} in form, both places within "
+          f"one step {pct(t['places_within_one_step'])}, answer follows the written places "
+          f"{pct(t['answer_follows_places'])}"]
 
 
 def main(argv) -> None:

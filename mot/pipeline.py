@@ -250,7 +250,7 @@ class Pipeline:
   def reason(self, prompt: str | Sequence[str] | None = None, images: Any = None,
              video: Any = None, max_new_tokens: int | None = None, temperature: float = 0.0,
              top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-             shifts: int | None = None) -> str | list[str]:
+             shifts: int | None = None, raw: bool = False) -> str | list[str]:
     """Answers prompts with the AR head, in one batched jitted decode (chunked if large).
 
     Args:
@@ -273,6 +273,8 @@ class Pipeline:
         and one answer is decoded from the views' mean log-probabilities
         (`sampling.decode(views=...)`). 0 reads the image as given; None takes
         config.sample.reason_shifts. Needs images.
+      raw: the whole decoded reply, a Shapes relation trace included (data.relation_trace),
+        instead of the answer after it.
     Returns:
       The answer (str) for one prompt and at most one image, else a list of answers.
     """
@@ -294,7 +296,8 @@ class Pipeline:
         examples.append(ex)
     ids = self.decode_answers(examples, max_new_tokens, temperature, top_k, top_p, seed,
                               views=len(views))
-    answers = [self.final_answer(self.tokenizer.decode(row)) for row in ids]
+    read = str.strip if raw else self.final_answer
+    answers = [read(self.tokenizer.decode(row)) for row in ids]
     return answers[0] if single and single_input and len(rows) == 1 else answers
 
   def _reading_rows(self, prompts: list[str], images: Any, video: Any):

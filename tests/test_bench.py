@@ -490,6 +490,27 @@ def test_relation_flip_premise_a_mirrored_scene_has_the_opposite_answer():
                      "changed": 0.5}
 
 
+def test_relation_flip_reads_a_trace_by_its_places_and_their_comparison():
+  from bench import relation_flip
+  from mot.data import shapes_think
+  items = relation_flip.relation_items(3)
+  replies = []
+  for scene, qa in items:
+    relation = shapes_think.relation_of(qa.question)
+    a, b = (shapes_think.place(scene.objects[i], relation) for i in qa.objects)
+    replies.append(f"red circle {a + 1}, blue square {b}: "
+                   + shapes_think.implied_answer(a + 1, b, relation))
+  replies[1] = replies[1].replace("red circle", "red")                  # not a trace
+  replies[2] = f"{replies[2].rsplit(':', 1)[0]}: " + {"yes": "no", "no": "yes"}[
+      replies[2].rsplit(": ", 1)[1]]                                   # contradicts itself
+  figures = relation_flip.trace_figures(items, replies)
+  assert figures == pytest.approx({"items": 3, "form": 2 / 3, "places_within_one_step": 2 / 3,
+                                   "answer_follows_places": 1 / 3})
+  assert shapes_think.implied_answer(2, 7, "left of") == "yes"
+  assert shapes_think.implied_answer(2, 7, "below") == "no"
+  assert shapes_think.parse_trace(" cyan square 8, cyan circle 3: no") == (8, 3, "no")
+
+
 def test_plan_follow_judges_plans_and_drawings_by_the_places():
   from bench import plan_follow
   from mot import shapes_detector

@@ -170,6 +170,7 @@ def test_reason_returns_the_answer_after_a_relation_trace(pipe, monkeypatch):
   image = shapes_scene.render(shapes.training_scene(0, 3))
   question = "Is the red circle above the blue square?"
   assert pipe.reason([question, question], images=[image, image]) == ["yes", "yes"]
+  assert pipe.reason(question, images=image, raw=True) == "red circle 1, blue square 7: yes"
 
 
 def test_generate_writes_a_layout_plan_first_when_the_run_trained_with_one(pipe, monkeypatch):

@@ -42,6 +42,7 @@ PLAN_SEPARATOR = ":"        # ends a caption that a layout plan follows
 PLACE_STEP = grammar.MARGIN  # px a place step: two related objects' places always differ
 _AXIS = {"left of": 0, "right of": 0, "above": 1, "below": 1}   # index into SceneObject.center
 _PLAN_ITEM = re.compile(r"([a-z]+) ([a-z]+) (\d+) (\d+)")
+_TRACE = re.compile(r"([a-z]+ [a-z]+) (\d+), ([a-z]+ [a-z]+) (\d+): (yes|no)")
 
 
 def relation_of(question: str) -> str:
@@ -108,6 +109,18 @@ def final_answer(text: str) -> str:
   """The answer a traced reply gives: the text after its last SEPARATOR (all of it when
   there is none, as in every untraced answer)."""
   return text.rsplit(SEPARATOR, 1)[-1].strip()
+
+
+def parse_trace(text: str) -> tuple[int, int, str] | None:
+  """(first place, second place, answer) of a reply in `trace_text`'s form, else None."""
+  m = _TRACE.fullmatch(text.strip())
+  return None if m is None else (int(m[2]), int(m[4]), m[5])
+
+
+def implied_answer(first: int, second: int, relation: str) -> str:
+  """The answer two places give: is the first object `relation` the second?"""
+  before = first < second if relation in ("left of", "above") else first > second
+  return "yes" if before else "no"
 
 
 def longest_trace(options: ShapesOptions, tokenizer) -> int:
