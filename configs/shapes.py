@@ -84,6 +84,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.data.layout_plan = False         # a caption to draw is followed by its layout plan,
                                      # "a red circle: red circle 1 5", which the AR head
                                      # writes before the DM head draws (shapes_think)
+  c.data.layout_canvas = False       # with layout_plan: the plan is also drawn as a canvas
+                                     # (a colour mark at each planned place), a clean image
+                                     # the DM head reads before drawing (shapes_think)
   c.data.patch_size = PATCH          # 32x32 scene -> (32/8)^2 = 16 patches
   c.data.patch_dim = PATCH_DIM       # width of the patches field (>= patch_size**2 * 3)
   c.data.shift_pixels = 0            # unused: scenes are drawn anew for every example

@@ -59,6 +59,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.data.vqa_questions = 1           # still-image VQA field (shapes_vqa, not trained here)
   c.data.relation_trace = False      # still-image VQA field (shapes_think, not trained here)
   c.data.layout_plan = False         # still-image generation field (shapes_think, the same)
+  c.data.layout_canvas = False       # still-image generation field (shapes_think, the same)
   c.model.dm_prediction = "velocity"  # the DM head as results §8's run trained it (configs/
                                      # shapes.py predicts x0; not yet tried on clips)
   c.data.num_frames = FRAMES         # frames per clip

@@ -15,7 +15,7 @@ import ml_collections
 
 from mot.errors import CheckpointError
 
-CONFIG_VERSION = 7
+CONFIG_VERSION = 8
 VERSION_KEY = "config_version"
 
 # Fields read before version 1 with a fallback when a config lacked them: the fallback is
@@ -152,9 +152,21 @@ def _upgrade_to_v7(config: dict) -> None:
   _fill(config.setdefault("sample", {}), _V7_SAMPLE_BY_DATASET.get(data.get("dataset"), {}))
 
 
+# Version 8 let a layout plan also be drawn as a canvas the DM head reads
+# (data.layout_canvas); every earlier Shapes run drew from the plan's text alone.
+_V8_SHAPES = {"layout_canvas": False}
+_V8_DATA_BY_DATASET = {"shapes": _V8_SHAPES, "shapes_video": _V8_SHAPES}
+
+
+def _upgrade_to_v8(config: dict) -> None:
+  """Version 7 -> 8: Shapes' data.layout_canvas (off)."""
+  data = config.setdefault("data", {})
+  _fill(data, _V8_DATA_BY_DATASET.get(data.get("dataset"), {}))
+
+
 _UPGRADES = {0: _upgrade_to_v1, 1: _upgrade_to_v2, 2: _upgrade_to_v3,
              3: _upgrade_to_v4, 4: _upgrade_to_v5, 5: _upgrade_to_v6,
-             6: _upgrade_to_v7}   # v -> v + 1
+             6: _upgrade_to_v7, 7: _upgrade_to_v8}   # v -> v + 1
 
 
 def saved_form(config: ml_collections.ConfigDict) -> dict[str, Any]:

@@ -561,17 +561,22 @@ class Pipeline:
                      ) -> tuple[list[str], np.ndarray]:
     """`generate` of a Shapes run trained with data.layout_plan: the AR head writes each
     sample's plan after its caption ("a red circle: red circle 1 5"), drawn at
-    config.sample.plan_temperature, then the DM head draws the image conditioned on both.
+    config.sample.plan_temperature, then the DM head draws the image conditioned on both
+    (and on the plan's canvas, `shapes_think.plan_canvas`, with data.layout_canvas).
     Returns (plans, images), both prompt-major, len(prompts) * num_samples long."""
     rows = [shapes_think.plan_prompt(p) for p in prompts for _ in range(num_samples)]
     asks = [self.prompts.reasoning_prompt(r) for r in rows]
-    need = self.default_draw_tokens + latent.image_tokens(self.config) + 3
+    need = self.default_draw_tokens + (1 + self.config.data.layout_canvas) * (
+        latent.image_tokens(self.config) + 2) + 1
     for ex in asks:
       self.check_length(len(ex["tokens"]), need, "caption, layout plan and image")
     ids = self.decode_answers(asks, self.default_draw_tokens, self.plan_temperature, seed=seed)
-    examples = [self.prompts.generation_example(r, i) for r, i in zip(rows, ids)]
-    images = self.to_images(self.denoise(examples, 1, steps, cfg_scale, sampler, seed))
-    return [self.tokenizer.decode(i).strip() for i in ids], images
+    plans = [self.tokenizer.decode(i).strip() for i in ids]
+    canvases = [shapes_think.plan_canvas(p, self.config.data.image_size) / 255.0
+                if self.config.data.layout_canvas else None for p in plans]
+    examples = [self.prompts.generation_example(r, i, canvas=c)
+                for r, i, c in zip(rows, ids, canvases)]
+    return plans, self.to_images(self.denoise(examples, 1, steps, cfg_scale, sampler, seed))
 
   def _draw_contexts(self, prompts: list[str], images: Any) -> list:
     """One context image [S, S(, C)] in [0, 1] (or None) per think-then-draw prompt."""

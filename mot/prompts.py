@@ -63,15 +63,19 @@ class PromptBuilder:
     return b.build()
 
   def generation_example(self, text: str, answer_ids: Sequence[int] = (),
-                         context: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """BOS, [a clean context image,] text (+ answer ids), all conditioning, then a noised
-    image block: the drawing layout (with a context: Shapes' think-then-draw)."""
+                         context: np.ndarray | None = None,
+                         canvas: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """BOS, [a clean context image,] text (+ answer ids), [a clean canvas image,] all
+    conditioning, then a noised image block: the drawing layout (with a context: Shapes'
+    think-then-draw; with a canvas: a Shapes layout plan's, data.layout_canvas)."""
     b = self._start()
     if context is not None:
       b.add_image(self._patches(context), noised=False, cond=True)
     b.add_text(self.tokenizer.encode(text), cond=True)
     if answer_ids:
       b.add_text(list(answer_ids), cond=True)
+    if canvas is not None:
+      b.add_image(self._patches(canvas), noised=False, cond=True)
     b.add_image(self.blank_frames(1)[0], noised=True)
     return b.build()
 

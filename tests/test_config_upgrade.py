@@ -3,7 +3,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from configs import digits, image_folder, moving_digits, shapes
+from configs import digits, image_folder, moving_digits, shapes, shapes_video
 from mot import attention
 from mot import config as config_lib
 from mot import config_upgrade
@@ -139,3 +139,12 @@ def test_a_version_6_shapes_config_answers_and_draws_directly():
   current.data.relation_trace = current.data.layout_plan = False
   current.sample.plan_temperature = 1.0
   assert config_upgrade.upgrade_config(saved).to_dict() == current.to_dict()
+
+
+def test_a_version_7_shapes_config_draws_from_the_plan_text_alone():
+  """Version 8 added data.layout_canvas: older Shapes runs drew without a canvas."""
+  for name, module in (("shapes", shapes), ("shapes_video", shapes_video)):
+    current = module.get_config("tiny")
+    saved = dict(config_upgrade.saved_form(current), config_version=7)
+    del saved["data"]["layout_canvas"]
+    assert config_upgrade.upgrade_config(saved).to_dict() == current.to_dict(), name

@@ -16,6 +16,7 @@ from configs import shapes as shapes_config
 from mot import config as config_lib
 from mot import eval_shapes, evaluate, pipeline_setup, shapes_features
 from mot.data import input_pipeline, shapes, shapes_grammar, shapes_scene, shapes_tasks
+from mot.data import shapes_think
 from mot.errors import ConfigError, InputError
 from mot.pipeline import Pipeline
 from tests.test_sample_cli import run_sample, write_checkpoint
@@ -191,3 +192,27 @@ def test_generate_writes_a_layout_plan_first_when_the_run_trained_with_one(pipe,
   plans, again = pipe.plan_then_draw(["a red square"], 2, 2, 1.0, "euler", 0)
   assert len(plans) == 2 and all(isinstance(p, str) for p in plans)
   np.testing.assert_array_equal(again, images[:2])   # (seed, row) fix plans and noise
+
+
+def test_a_canvas_run_draws_on_its_plans_canvas(pipe, monkeypatch):
+  """data.layout_canvas: each image is drawn after its plan's canvas, the same patches
+  training put there (shapes_tasks.generation_example)."""
+  plan = " red square 1 2"
+  built = []
+  denoise = pipe.denoise
+
+  def spy(examples, *a, **k):
+    built.extend(examples)
+    return denoise(examples, *a, **k)
+
+  monkeypatch.setattr(pipe, "plan_temperature", 1.0)
+  monkeypatch.setattr(pipe.config.data, "layout_canvas", True)
+  monkeypatch.setattr(pipe, "decode_answers",
+                      lambda asks, *a, **k: [pipe.tokenizer.encode(plan)] * len(asks))
+  monkeypatch.setattr(pipe, "denoise", spy)
+  plans, images = pipe.plan_then_draw(["a red square"], 1, 2, 1.0, "euler", 0)
+  assert plans == [plan.strip()] and images.shape == (1, 32, 32, 3)
+  ex = built[0]
+  clean = (ex["modality"] == 1) & (ex["dm_mask"] == 0)
+  want = shapes_tasks.image_patches(shapes_think.plan_canvas(plan, 32), 8).reshape(16, -1)
+  np.testing.assert_allclose(ex["patches"][clean][:, :want.shape[1]], want, atol=1e-6)

@@ -136,3 +136,45 @@ def test_planned_generation_examples_teach_caption_then_plan_as_conditioning():
           < shapes_tasks.max_example_length("shapes_generation", planned))
   held = shapes_tasks.heldout_examples("shapes_generation", planned, n=8)
   assert all(shapes_think.PLAN_SEPARATOR in WORDS.decode(ex["tokens"]) for ex in held)
+
+
+# ------------------------------------------------------------------ layout canvases
+
+
+def test_a_canvas_marks_each_planned_object_in_its_colour_at_its_places():
+  canvas = shapes_think.plan_canvas(" red circle 1 1, blue square 8 7", 32)
+  assert canvas.shape == (32, 32, 3) and canvas.dtype == np.uint8
+  assert (canvas[3:6, 3:6] == (255, 0, 0)).all()       # place 1 -> pixels 3..5, mark at 4
+  assert (canvas[21:24, 24:27] == (0, 0, 255)).all()   # column 8, row 7
+  assert (canvas.any(-1)).sum() == 2 * shapes_think.CANVAS_DOT ** 2
+  for unreadable in ("red circle", " pink circle 1 1", ""):
+    assert not shapes_think.plan_canvas(unreadable, 32).any(), unreadable
+  far = shapes_think.plan_canvas(" red circle 10 10", 32)   # clipped at the border
+  assert far[31, 31].tolist() == [255, 0, 0]
+
+
+def test_canvas_examples_put_the_plans_canvas_between_plan_and_image():
+  planned = shapes_tasks.ShapesTaskOptions(8, 192, OPTIONS, WORDS, 3, layout_plan=True,
+                                           layout_canvas=True)
+  rng = np.random.default_rng(1)
+  for _ in range(10):
+    ex = shapes_tasks.build_example("shapes_generation", None, None, planned, rng)
+    text = ex["modality"] == 0
+    plan = WORDS.decode(ex["tokens"][text & (ex["cond_mask"] > 0)]).split(
+        shapes_think.PLAN_SEPARATOR)[1]
+    clean = (ex["modality"] == 1) & (ex["dm_mask"] == 0)
+    noised = (ex["modality"] == 1) & (ex["dm_mask"] > 0)
+    assert clean.sum() == noised.sum() == 16
+    assert (ex["cond_mask"][clean] > 0).all()
+    assert np.flatnonzero(clean).max() < np.flatnonzero(noised).min()
+    want = shapes_tasks.image_patches(shapes_think.plan_canvas(plan, 32), 8).reshape(16, -1)
+    np.testing.assert_allclose(ex["patches"][clean][:, :want.shape[1]], want)
+    begins = ex["ar_targets"] == WORDS.begin("image")
+    assert (ex["ar_weights"][begins] > 0).sum() == 1     # the canvas's: where a plan ends
+    assert len(ex["tokens"]) <= shapes_tasks.max_example_length("shapes_generation", planned)
+  config = shapes_config.get_config("tiny")
+  assert shapes_tasks.validate(config.data).layout_canvas is False
+  with pytest.raises(ValueError, match="only with config.data.layout_plan=True"):
+    shapes_tasks.validate(dict(config.data.to_dict(), layout_canvas=True))
+  assert shapes_tasks.validate(dict(config.data.to_dict(), layout_canvas=True,
+                                    layout_plan=True), WORDS).layout_canvas is True

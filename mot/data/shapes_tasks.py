@@ -74,6 +74,7 @@ class ShapesTaskOptions:
   vqa_questions: int = 1    # questions (with answers) a shapes_vqa example asks of its image
   relation_trace: bool = False  # relation answers write both places first (shapes_think)
   layout_plan: bool = False     # captions to draw are followed by a layout plan (same)
+  layout_canvas: bool = False   # ... and by the plan's canvas, a clean image (same)
 
 
 def image_patches(image: np.ndarray, patch_size: int) -> np.ndarray:
@@ -100,15 +101,21 @@ def generation_example(caption: str, image: np.ndarray, options: ShapesTaskOptio
   """Caption -> image: BOS, caption (target, conditioning), noised image, EOS (target);
   with a layout plan (`shapes_think.plan_text`) the caption ends in ":" and the plan
   follows it, both targets and conditioning, and the image's begin marker is a target
-  too: it is where a sampled plan stops."""
+  too: it is where a sampled plan stops. With data.layout_canvas the plan's canvas
+  (`shapes_think.plan_canvas`) comes between plan and image, clean conditioning, and its
+  begin marker is the target."""
   b = _start(options)
   if plan is None:
     b.add_text(_ids(b, caption), loss=True, cond=True)
   else:
     b.add_text(_ids(b, shapes_think.plan_prompt(caption)), loss=True, cond=True)
     b.add_text(_ids(b, plan), loss=True, cond=True)
+  if plan is not None and options.layout_canvas:
+    canvas = shapes_think.plan_canvas(plan, options.scene.image_size)
+    b.add_image(image_patches(canvas, options.patch_size), noised=False, cond=True,
+                begin_loss=True)
   b.add_image(image_patches(image, options.patch_size), noised=True,
-              begin_loss=plan is not None)
+              begin_loss=plan is not None and not options.layout_canvas)
   b.add_text([b.tokenizer.eos_id], loss=True)
   return b.build()
 
@@ -240,7 +247,8 @@ def max_example_length(name: str, options: ShapesTaskOptions) -> int:
   describe = len(options.tokenizer.encode(grammar.DESCRIBE_QUESTION))
   lengths = {
       "shapes_generation": 1 + n["caption"] + img + 1 + (1 + shapes_think.longest_plan(
-          options.scene, options.tokenizer) if options.layout_plan else 0),
+          options.scene, options.tokenizer) if options.layout_plan else 0)
+          + (img if options.layout_plan and options.layout_canvas else 0),
       "shapes_vqa": 1 + img + options.vqa_questions * (n["question"] + short + 1),
       "shapes_caption": 1 + img + describe + n["caption"] + 1,
       "shapes_text": 1 + n["text"] + 1,
@@ -334,4 +342,8 @@ def validate(data_config: Any,
   if not isinstance(plan, bool):
     raise ValueError(f"config.data.layout_plan={plan!r} must be True or False (captions to "
                      "draw followed by the objects' places: mot.data.shapes_think)")
-  return ShapesTaskOptions(p, patch_dim, scene, tokenizer, k, trace, plan)
+  canvas = field(data_config, "layout_canvas", "config.data")
+  if not isinstance(canvas, bool) or (canvas and not plan):
+    raise ValueError(f"config.data.layout_canvas={canvas!r} must be True or False, and True "
+                     "only with config.data.layout_plan=True (the canvas draws the plan)")
+  return ShapesTaskOptions(p, patch_dim, scene, tokenizer, k, trace, plan, canvas)

@@ -32,7 +32,10 @@ import dataclasses
 import itertools
 import re
 
+import numpy as np
+
 from mot.data import shapes_grammar as grammar
+from mot.data.shapes_scene import PALETTE
 from mot.data.shapes_scene import Scene
 from mot.data.shapes_scene import SceneObject
 from mot.data.shapes_scene import ShapesOptions
@@ -40,6 +43,7 @@ from mot.data.shapes_scene import ShapesOptions
 SEPARATOR = ": "            # ends the trace; no grammar answer contains it
 PLAN_SEPARATOR = ":"        # ends a caption that a layout plan follows
 PLACE_STEP = grammar.MARGIN  # px a place step: two related objects' places always differ
+CANVAS_DOT = 3              # px side of a planned object's mark on a layout canvas
 _AXIS = {"left of": 0, "right of": 0, "above": 1, "below": 1}   # index into SceneObject.center
 _PLAN_ITEM = re.compile(r"([a-z]+) ([a-z]+) (\d+) (\d+)")
 _TRACE = re.compile(r"([a-z]+ [a-z]+) (\d+), ([a-z]+ [a-z]+) (\d+): (yes|no)")
@@ -77,6 +81,21 @@ def parse_plan(text: str) -> list[tuple[str, str, int, int]] | None:
   if not all(items):
     return None
   return [(m[1], m[2], int(m[3]), int(m[4])) for m in items]
+
+
+def plan_canvas(plan: str, size: int) -> np.ndarray:
+  """uint8 [size, size, 3]: a black canvas with a CANVAS_DOT-px square of each planned
+  object's colour at its planned column and row places (`data.layout_canvas`: the places
+  put where the image's patches are, for the DM head to draw on). A plan that does not
+  parse gives the blank canvas, as do unknown colours."""
+  canvas = np.zeros((size, size, 3), np.uint8)
+  for color, _, col, row in parse_plan(plan) or []:
+    if color not in PALETTE:
+      continue
+    x, y = (min(size - 1, p * PLACE_STEP + PLACE_STEP // 2) for p in (col, row))
+    h = CANVAS_DOT // 2
+    canvas[max(0, y - h):y + h + 1, max(0, x - h):x + h + 1] = PALETTE[color]
+  return canvas
 
 
 def longest_plan(options: ShapesOptions, tokenizer) -> int:
