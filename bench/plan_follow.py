@@ -11,6 +11,10 @@ reports per category:
 - drawn as planned: the detector finds exactly the plan's objects, each of its kind
   within one place step (3 px) of its planned column and row;
 - GenEval: the image passes the protocol's test (`shapes_metrics.score_image`).
+And, apart, how far the drawing follows a plan's places: "a red circle" drawn from the
+given plans " red circle C R" at the four corner places (1 and 8), `--place_samples` each;
+the place response is how far the red ink's mean centre moves between the two columns
+(rows), over how far the plans move it: 1 follows the plan, 0 ignores it.
 A valid plan drawn as planned passes unless the drawn objects miss the 3-px relation
 margin or a shape; so the first figure bounds what the AR head gives, the second what
 the DM head keeps of it. Prints a markdown table, then one JSON line with every figure.
@@ -39,6 +43,7 @@ _BEFORE = {"left of": (2, True), "right of": (2, False), "above": (3, True),
 def define_flags() -> None:
   flags.DEFINE_string("workdir", None, "Shapes workdir trained with data.layout_plan.")
   flags.DEFINE_integer("items", 32, "Prompts per GenEval category.")
+  flags.DEFINE_integer("place_samples", 8, "Images per corner plan for the place response.")
   flags.mark_flag_as_required("workdir")
 
 
@@ -97,6 +102,35 @@ def probe(pipe, n: int) -> tuple[dict, list[str]]:
           for c, r in rows.items()}, plans[:8]
 
 
+CORNERS = ((1, 1), (8, 1), (1, 8), (8, 8))   # (column, row) places of the given plans
+
+
+def place_response(pipe, samples: int) -> dict:
+  """{"column", "row": how far the red ink's centre follows the plans' places (1 = as
+  planned), "no_ink": images without red ink} for "a red circle" planned at CORNERS."""
+  plans = [f" red circle {c} {r}" for c, r in CORNERS for _ in range(samples)]
+  canvas = pipe.config.data.layout_canvas
+  size = pipe.config.data.image_size
+  examples = [pipe.prompts.generation_example(
+      shapes_think.plan_prompt("a red circle"), pipe.tokenizer.encode(p),
+      canvas=shapes_think.plan_canvas(p, size) / 255.0 if canvas else None) for p in plans]
+  steps, cfg, sampler = pipe.sampling_settings(1)
+  images = eval_shapes.to_uint8(pipe.to_images(pipe.denoise(examples, 1, steps, cfg,
+                                                            sampler, 0)))
+  red = (images[..., 0] > 127) & (images[..., 1] < 128) & (images[..., 2] < 128)
+  inked = red.any((1, 2))
+  ys, xs = np.indices((size, size))
+  centre = np.stack([(red * xs).sum((1, 2)), (red * ys).sum((1, 2))], -1) / np.maximum(
+      red.sum((1, 2)), 1)[:, None]
+  mean = [centre[k * samples:(k + 1) * samples][inked[k * samples:(k + 1) * samples]].mean(0)
+          if inked[k * samples:(k + 1) * samples].any() else np.full(2, np.nan)
+          for k in range(len(CORNERS))]
+  span = (8 - 1) * shapes_think.PLACE_STEP
+  return {"column": float((mean[1][0] + mean[3][0] - mean[0][0] - mean[2][0]) / 2 / span),
+          "row": float((mean[2][1] + mean[3][1] - mean[0][1] - mean[1][1]) / 2 / span),
+          "no_ink": float(1 - inked.mean())}
+
+
 def table(figures: dict) -> str:
   pct = lambda x: f"{100 * x:.1f} %"
   lines = ["| category | items | plan valid | drawn as planned | GenEval |",
@@ -115,8 +149,14 @@ def main(argv) -> None:
   if pipe.plan_temperature is None:
     sys.exit(f"plan_follow: {FLAGS.workdir} was not trained with data.layout_plan: train "
              "with --config.data.layout_plan=True")
+  if FLAGS.place_samples < 1:
+    sys.exit(f"plan_follow: --place_samples must be >= 1, got {FLAGS.place_samples}")
   figures, examples = probe(pipe, FLAGS.items)
-  print(table(figures))
+  figures["place_response"] = place_response(pipe, FLAGS.place_samples)
+  print(table({c: f for c, f in figures.items() if c != "place_response"}))
+  r = figures["place_response"]
+  print(f"place response: columns {r['column']:.2f}, rows {r['row']:.2f} (1 = as planned, "
+        f"0 = ignored); {100 * r['no_ink']:.1f} % of images without red ink")
   print("plans:", examples)
   print(json.dumps(figures))
 

@@ -511,6 +511,37 @@ def test_relation_flip_reads_a_trace_by_its_places_and_their_comparison():
   assert shapes_think.parse_trace(" cyan square 8, cyan circle 3: no") == (8, 3, "no")
 
 
+def test_plan_follow_place_response_is_one_when_drawn_as_planned_and_zero_when_not():
+  import types
+  from bench import plan_follow
+  from mot.data import shapes_think
+
+  def fake_pipe(follows: bool, canvas: bool):
+    seen = []
+
+    def example(text, plan, canvas=None):
+      seen.append(canvas)
+      return plan if follows else " red circle 5 5"
+
+    def denoise(examples, *a):
+      return np.stack([shapes_think.plan_canvas(p, 32) / 255.0 for p in examples])
+
+    return seen, types.SimpleNamespace(
+        config=types.SimpleNamespace(data=types.SimpleNamespace(layout_canvas=canvas,
+                                                                image_size=32)),
+        prompts=types.SimpleNamespace(generation_example=example),
+        tokenizer=types.SimpleNamespace(encode=lambda text: text),
+        sampling_settings=lambda n: (2, 1.0, "euler"), denoise=denoise,
+        to_images=lambda x: x)
+
+  seen, pipe = fake_pipe(True, canvas=True)
+  assert plan_follow.place_response(pipe, 2) == {"column": 1.0, "row": 1.0, "no_ink": 0.0}
+  assert len(seen) == 8 and all(c.shape == (32, 32, 3) for c in seen)
+  seen, pipe = fake_pipe(False, canvas=False)
+  assert plan_follow.place_response(pipe, 2) == {"column": 0.0, "row": 0.0, "no_ink": 0.0}
+  assert seen == [None] * 8
+
+
 def test_plan_follow_judges_plans_and_drawings_by_the_places():
   from bench import plan_follow
   from mot import shapes_detector
