@@ -24,7 +24,9 @@ and then drawn by the DM head, conditioned on both:
 each object (scene order: top to bottom, then left to right) with its centre's column and
 row place. Count, colours and places are then decided in text, one token at a time,
 where an AR head resolves choices; `Pipeline.generate` writes the plan first
-(`mot.pipeline.Pipeline.plan_then_draw`).
+(`mot.pipeline.Pipeline.plan_then_draw`). With `config.data.layout_canvas` the plan is
+also drawn as a canvas (`plan_canvas`: a mark of each object's colour at its places), a
+clean image the DM head reads before drawing, so the places sit where the patches are.
 """
 from __future__ import annotations
 
