@@ -109,11 +109,10 @@ def place_response(pipe, samples: int) -> dict:
   """{"column", "row": how far the red ink's centre follows the plans' places (1 = as
   planned), "no_ink": images without red ink} for "a red circle" planned at CORNERS."""
   plans = [f" red circle {c} {r}" for c, r in CORNERS for _ in range(samples)]
-  canvas = pipe.config.data.layout_canvas
   size = pipe.config.data.image_size
   examples = [pipe.prompts.generation_example(
       shapes_think.plan_prompt("a red circle"), pipe.tokenizer.encode(p),
-      canvas=shapes_think.plan_canvas(p, size) / 255.0 if canvas else None) for p in plans]
+      canvas=shapes_think.drawing_canvas(p, pipe.config.data)) for p in plans]
   steps, cfg, sampler = pipe.sampling_settings(1)
   images = eval_shapes.to_uint8(pipe.to_images(pipe.denoise(examples, 1, steps, cfg,
                                                             sampler, 0)))
@@ -122,9 +121,8 @@ def place_response(pipe, samples: int) -> dict:
   ys, xs = np.indices((size, size))
   centre = np.stack([(red * xs).sum((1, 2)), (red * ys).sum((1, 2))], -1) / np.maximum(
       red.sum((1, 2)), 1)[:, None]
-  mean = [centre[k * samples:(k + 1) * samples][inked[k * samples:(k + 1) * samples]].mean(0)
-          if inked[k * samples:(k + 1) * samples].any() else np.full(2, np.nan)
-          for k in range(len(CORNERS))]
+  mean = [c[i].mean(0) if i.any() else np.full(2, np.nan) for c, i in zip(
+      centre.reshape(len(CORNERS), samples, 2), inked.reshape(len(CORNERS), samples))]
   span = (8 - 1) * shapes_think.PLACE_STEP
   return {"column": float((mean[1][0] + mean[3][0] - mean[0][0] - mean[2][0]) / 2 / span),
           "row": float((mean[2][1] + mean[3][1] - mean[0][1] - mean[1][1]) / 2 / span),

@@ -572,8 +572,7 @@ class Pipeline:
       self.check_length(len(ex["tokens"]), need, "caption, layout plan and image")
     ids = self.decode_answers(asks, self.default_draw_tokens, self.plan_temperature, seed=seed)
     plans = [self.tokenizer.decode(i).strip() for i in ids]
-    canvases = [shapes_think.plan_canvas(p, self.config.data.image_size) / 255.0
-                if self.config.data.layout_canvas else None for p in plans]
+    canvases = [shapes_think.drawing_canvas(p, self.config.data) for p in plans]
     examples = [self.prompts.generation_example(r, i, canvas=c)
                 for r, i, c in zip(rows, ids, canvases)]
     return plans, self.to_images(self.denoise(examples, 1, steps, cfg_scale, sampler, seed))

@@ -100,6 +100,14 @@ def plan_canvas(plan: str, size: int) -> np.ndarray:
   return canvas
 
 
+def drawing_canvas(plan: str, data_config) -> np.ndarray | None:
+  """The canvas a run draws `plan` on: `plan_canvas` in [0, 1] (`mot.prompts`' scale)
+  when config.data.layout_canvas, else None (no canvas block)."""
+  if not data_config.layout_canvas:
+    return None
+  return plan_canvas(plan, data_config.image_size) / 255.0
+
+
 def longest_plan(options: ShapesOptions, tokenizer) -> int:
   """Most tokens (`tokenizer`'s, no end token) a layout plan takes under `options`:
   max_objects objects of the longest names at the farthest place."""
