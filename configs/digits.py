@@ -84,6 +84,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
       ("mlp_pair", None),
       ("vocab", "tensor"),
       ("modality", None),
+      ("neighbour", None),             # model.patch_mixing's 8 grid neighbours
       ("patch", None),
       ("time", None),
       ("norm", None),
@@ -179,6 +180,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.model.media_pos_embed = "none"   # absolute (frame, row, col) of media tokens in their
                                      # block: "none" (M-RoPE only) or "sincos" (DiT's fixed
                                      # grid embedding; mot.media_positions)
+  c.model.patch_mixing = "none"      # "neighbours": an image/video patch's input projection
+                                     # and DM output also span its 3x3 grid neighbours, as
+                                     # a convolution (mot.patch_neighbours); "none": each
+                                     # patch alone, the rest left to attention
 
   # ---- Sampling defaults (sample.py, evaluation). ----
   c.sample = ml_collections.ConfigDict()

@@ -22,6 +22,7 @@ ATTENTION_IMPLS = ("auto", "xla", "cudnn", "blockwise", "splash")
 MATMUL_DTYPES = ("float32", "bfloat16", "float16")   # besides "same"
 DM_PREDICTIONS = ("velocity", "x")   # what the DM head's linear map outputs
 MEDIA_POS_EMBEDS = ("none", "sincos")  # absolute positions of media tokens (mot.media_positions)
+PATCH_MIXINGS = ("none", "neighbours")  # grid neighbours read and written (mot.patch_neighbours)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +65,9 @@ class ModelConfig:
   dm_min_time: float                     # "x": the t below which v = (x_t - x0) / t is floored
   media_pos_embed: str                   # "none" | "sincos": absolute (frame, row, col) of a
                                          # media token in its block, added to its projection
+  patch_mixing: str                      # "none" | "neighbours": image/video patches' input
+                                         # projection and DM output also span their 3x3
+                                         # grid neighbours (mot.patch_neighbours)
 
   @property
   def num_modalities(self) -> int:
@@ -180,8 +184,11 @@ def validate_tiled_attention(m: ModelConfig) -> None:
 
 
 def validate_dm_head(m: ModelConfig) -> None:
-  """What the DM head predicts, the floor on t that turns an x0 into a velocity, and the
-  absolute position embedding media tokens carry."""
+  """What the DM head predicts, the floor on t that turns an x0 into a velocity, the
+  absolute position embedding media tokens carry and whether patches read neighbours."""
+  _check(m.patch_mixing in PATCH_MIXINGS,
+         f"config.model.patch_mixing={m.patch_mixing!r} is unknown: use one of "
+         f"{PATCH_MIXINGS}")
   _check(m.media_pos_embed in MEDIA_POS_EMBEDS,
          f"config.model.media_pos_embed={m.media_pos_embed!r} is unknown: use one of "
          f"{MEDIA_POS_EMBEDS}")

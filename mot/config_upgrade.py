@@ -15,7 +15,7 @@ import ml_collections
 
 from mot.errors import CheckpointError
 
-CONFIG_VERSION = 8
+CONFIG_VERSION = 9
 VERSION_KEY = "config_version"
 
 # Fields read before version 1 with a fallback when a config lacked them: the fallback is
@@ -164,9 +164,19 @@ def _upgrade_to_v8(config: dict) -> None:
   _fill(data, _V8_DATA_BY_DATASET.get(data.get("dataset"), {}))
 
 
+# Version 9 let image and video patches read and write their grid neighbours
+# (model.patch_mixing); every earlier run projected each patch alone.
+_V9_MODEL = {"patch_mixing": "none"}
+
+
+def _upgrade_to_v9(config: dict) -> None:
+  """Version 8 -> 9: model.patch_mixing ("none")."""
+  _fill(config.setdefault("model", {}), _V9_MODEL)
+
+
 _UPGRADES = {0: _upgrade_to_v1, 1: _upgrade_to_v2, 2: _upgrade_to_v3,
              3: _upgrade_to_v4, 4: _upgrade_to_v5, 5: _upgrade_to_v6,
-             6: _upgrade_to_v7, 7: _upgrade_to_v8}   # v -> v + 1
+             6: _upgrade_to_v7, 7: _upgrade_to_v8, 8: _upgrade_to_v9}   # v -> v + 1
 
 
 def saved_form(config: ml_collections.ConfigDict) -> dict[str, Any]:

@@ -17,7 +17,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from mot import attention, experts, layers, masks, matmul, media_positions, rope
+from mot import attention, experts, layers, masks, matmul, media_positions, patch_neighbours
+from mot import rope
 from mot.config import ModelConfig
 
 Array = jax.Array
@@ -156,6 +157,12 @@ class InputEmbedding(nn.Module):
     self.patch_projection = self.param(
         "patch_projection", layers.dense_init(cfg.patch_dim, ("modality", "patch", "embed")),
         (cfg.num_modalities, cfg.patch_dim, cfg.d_model), cfg.params_dtype)
+    if cfg.patch_mixing == "neighbours":   # the 3x3 patches around a token, centre excluded
+      k = len(patch_neighbours.OFFSETS)
+      self.neighbour_projection = self.param(
+          "neighbour_projection",
+          layers.dense_init(k * cfg.patch_dim, ("neighbour", "patch", "embed")),
+          (k, cfg.patch_dim, cfg.d_model), cfg.params_dtype)
 
   def __call__(self, inputs: ModelInputs, t_emb: Array) -> Array:
     cfg = self.cfg
@@ -171,6 +178,11 @@ class InputEmbedding(nn.Module):
     onehot = jax.nn.one_hot(inputs.modality, cfg.num_modalities, dtype=cfg.compute_dtype)
     media = jnp.einsum("blp,mpd,blm->bld", inputs.patches.astype(cfg.compute_dtype),
                        self.patch_projection.astype(cfg.compute_dtype), onehot) + t_emb
+    if cfg.patch_mixing == "neighbours":
+      around = patch_neighbours.gather(inputs.patches.astype(cfg.compute_dtype),
+                                       *neighbours_of(inputs))
+      media = media + jnp.einsum("blkp,kpd->bld", around,
+                                 self.neighbour_projection.astype(cfg.compute_dtype))
     where = media_positions.embedding(cfg.media_pos_embed, inputs.positions,
                                       inputs.mask_ids.block, cfg.d_model)
     if where is not None:
@@ -201,16 +213,23 @@ class ARHead(nn.Module):
     return logits.astype(jnp.float32)
 
 
+def neighbours_of(inputs: ModelInputs) -> tuple[Array, Array]:
+  """`patch_neighbours.find` for the tokens of `inputs`: (index, valid) [B, L, 8]."""
+  return patch_neighbours.find(inputs.positions, inputs.mask_ids.block, inputs.modality)
+
+
 class DMHead(nn.Module):
   """Timestep-modulated final norm + linear -> velocity float32 [B, L, P].
 
   The modulation (shift, scale) is zero-initialised so training starts from a plain
-  norm, as DiT's adaLN-zero.
+  norm, as DiT's adaLN-zero. With `patch_mixing="neighbours"` a patch's output also
+  takes a linear map of each grid neighbour's normed state (`neighbours`, from
+  `neighbours_of`), zero-initialised too.
   """
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, h: Array, t_emb: Array) -> Array:
+  def __call__(self, h: Array, t_emb: Array, neighbours=None) -> Array:
     cfg = self.cfg
     mod = nn.Dense(2 * cfg.d_model, dtype=cfg.compute_dtype, param_dtype=cfg.params_dtype,
                    kernel_init=nn.with_logical_partitioning(nn.initializers.zeros,
@@ -222,6 +241,13 @@ class DMHead(nn.Module):
     h32 = h32 * jax.lax.rsqrt(jnp.mean(h32 * h32, -1, keepdims=True) + cfg.norm_eps)
     h = (h32 * (1 + scale) + shift).astype(cfg.compute_dtype)
     v = layers.Linear(cfg, (cfg.patch_dim,), ("embed", "patch"), name="out")(h)
+    if cfg.patch_mixing == "neighbours":
+      k = len(patch_neighbours.OFFSETS)
+      kernel = self.param("neighbour_out", nn.with_logical_partitioning(
+          nn.initializers.zeros, ("neighbour", "embed", "patch")),
+          (k, cfg.d_model, cfg.patch_dim), cfg.params_dtype)
+      v = v + jnp.einsum("blkd,kdp->blp", patch_neighbours.gather(h, *neighbours),
+                         kernel.astype(cfg.compute_dtype))
     bias = self.param("out_bias", nn.with_logical_partitioning(nn.initializers.zeros,
                                                                ("patch",)),
                       (cfg.patch_dim,), cfg.params_dtype)
@@ -257,7 +283,8 @@ class MoT(nn.Module):
     dm_min_time (JiT: a low-dimensional target a narrow head can reach, where noise is
     192-dimensional and full rank). The loss stays the velocity loss.
     """
-    out = self.dm_head(h, t_emb)
+    neighbours = neighbours_of(inputs) if self.cfg.patch_mixing == "neighbours" else None
+    out = self.dm_head(h, t_emb, neighbours)
     if self.cfg.dm_prediction == "velocity":
       return out
     t = jnp.maximum(inputs.timesteps.astype(jnp.float32), self.cfg.dm_min_time)[..., None]

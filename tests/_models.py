@@ -12,7 +12,8 @@ BASE = dict(
     matmul_dtype="same", param_dtype="float32", norm_eps=1e-6, qkv_bias=False, qk_norm=True,
     tie_embeddings=False, dropout_rate=0.0, attention_impl="auto", attention_block_q=512,
     attention_block_kv=512, attention_blockwise_min_length=1024, dm_prediction="velocity",
-    dm_min_time=0.05, media_pos_embed="none")
+    dm_min_time=0.05, media_pos_embed="none",
+    patch_mixing="none")
 
 
 def model_config(**overrides) -> ModelConfig:

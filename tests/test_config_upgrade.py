@@ -148,3 +148,12 @@ def test_a_version_7_shapes_config_draws_from_the_plan_text_alone():
     saved = dict(config_upgrade.saved_form(current), config_version=7)
     del saved["data"]["layout_canvas"]
     assert config_upgrade.upgrade_config(saved).to_dict() == current.to_dict(), name
+
+
+def test_a_version_8_config_projects_each_patch_alone():
+  """Version 9 added model.patch_mixing: older runs read no grid neighbours."""
+  current = shapes.get_config("tiny")
+  saved = dict(config_upgrade.saved_form(current), config_version=8)
+  del saved["model"]["patch_mixing"]
+  current.model.patch_mixing = "none"
+  assert config_upgrade.upgrade_config(saved).to_dict() == current.to_dict()

@@ -15,7 +15,7 @@ from mot.errors import InputError
 from mot.pipeline import Pipeline
 
 
-def make_pipe(experts="shared", media_pos_embed="none"):
+def make_pipe(experts="shared", media_pos_embed="none", patch_mixing="none"):
   """A Pipeline over the tiny config with random parameters, float32 matmul operands:
   these tests hold cached and uncached passes equal to float32 rounding, and bf16
   operands would round their last-bit differences to the neighbouring bf16 value."""
@@ -23,6 +23,7 @@ def make_pipe(experts="shared", media_pos_embed="none"):
   config = digits_config.get_config("tiny")
   config.model.experts = experts
   config.model.media_pos_embed = media_pos_embed
+  config.model.patch_mixing = patch_mixing
   config.model.matmul_dtype = "same"
   shell = Pipeline(config, None)
   inputs = inputs_from_batch(_as_batch(_full_example(shell, [20, 21])))
@@ -252,16 +253,18 @@ def _cached_velocity(model, params, prefix, block, keep, x, t):
   return sampling.cached_block_velocity(model, params, prefix, block, keep)(x, t)
 
 
-@pytest.mark.parametrize("branch,experts,media_pos_embed", [
-    ("cond", "shared", "none"), ("uncond", "shared", "none"), ("cond", "mode", "none"),
-    ("cond", "shared", "sincos")])
-def test_cached_denoising_step_matches_full_forward(pipe, branch, experts, media_pos_embed):
+@pytest.mark.parametrize("branch,experts,media_pos_embed,patch_mixing", [
+    ("cond", "shared", "none", "none"), ("uncond", "shared", "none", "none"),
+    ("cond", "mode", "none", "none"), ("cond", "shared", "sincos", "none"),
+    ("cond", "shared", "none", "neighbours")])
+def test_cached_denoising_step_matches_full_forward(pipe, branch, experts, media_pos_embed,
+                                                    patch_mixing):
   """Also with experts="mode": the block's tokens (noised) take the generation expert
   in the cached step as in the full forward, the cached prefix the understanding one.
-  And with media_pos_embed: the block alone (left-padded prefix in the cache) finds
-  the same grid coordinates as in the full row."""
-  if (experts, media_pos_embed) != ("shared", "none"):
-    pipe = make_pipe(experts, media_pos_embed)
+  And with media_pos_embed or patch_mixing: the block alone (left-padded prefix in the
+  cache) finds the same grid coordinates and neighbours as in the full row."""
+  if (experts, media_pos_embed, patch_mixing) != ("shared", "none", "none"):
+    pipe = make_pipe(experts, media_pos_embed, patch_mixing)
   examples = [pipe.prompts.generation_example("a handwritten digit 7"),
               pipe.prompts.generation_example("a 1")]
   split = [sampling.split_block(ex) for ex in examples]
