@@ -181,8 +181,9 @@ class InputEmbedding(nn.Module):
     if cfg.patch_mixing == "neighbours":
       around = patch_neighbours.gather(inputs.patches.astype(cfg.compute_dtype),
                                        *neighbours_of(inputs))
-      media = media + jnp.einsum("blkp,kpd->bld", around,
-                                 self.neighbour_projection.astype(cfg.compute_dtype))
+      media = media + matmul.linear_matmul(
+          around, self.neighbour_projection.astype(cfg.compute_dtype), 2,
+          cfg.matmul_operand_dtype, cfg.compute_dtype)
     where = media_positions.embedding(cfg.media_pos_embed, inputs.positions,
                                       inputs.mask_ids.block, cfg.d_model)
     if where is not None:
@@ -246,8 +247,9 @@ class DMHead(nn.Module):
       kernel = self.param("neighbour_out", nn.with_logical_partitioning(
           nn.initializers.zeros, ("neighbour", "embed", "patch")),
           (k, cfg.d_model, cfg.patch_dim), cfg.params_dtype)
-      v = v + jnp.einsum("blkd,kdp->blp", patch_neighbours.gather(h, *neighbours),
-                         kernel.astype(cfg.compute_dtype))
+      v = v + matmul.linear_matmul(patch_neighbours.gather(h, *neighbours),
+                                   kernel.astype(cfg.compute_dtype), 2,
+                                   cfg.matmul_operand_dtype, cfg.compute_dtype)
     bias = self.param("out_bias", nn.with_logical_partitioning(nn.initializers.zeros,
                                                                ("patch",)),
                       (cfg.patch_dim,), cfg.params_dtype)
