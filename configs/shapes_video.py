@@ -62,9 +62,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.data.layout_canvas = False       # still-image generation field (shapes_think, the same)
   c.model.dm_prediction = "velocity"  # the DM head as results §8's run trained it (configs/
                                      # shapes.py predicts x0; not yet tried on clips)
-  c.model.patch_mixing = "none"      # each patch alone, as results §8's run trained
-                                     # (configs/shapes.py reads neighbours; not yet tried
-                                     # on clips)
+  c.model.patch_mixing = "none"      # each patch alone (configs/shapes.py reads grid
+                                     # neighbours; on clips they changed nothing at seed
+                                     # 0: docs/results.md §8)
   c.data.num_frames = FRAMES         # frames per clip
   c.data.context_frames = CONTEXT    # world model: frames given before the predicted ones
   c.data.video_layout = "frames"     # generated frames: one block a frame, teacher forced
