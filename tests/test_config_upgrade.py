@@ -120,12 +120,16 @@ def test_a_version_4_config_keeps_predicting_the_velocity():
   assert config_upgrade.upgrade_config(saved).to_dict() == current.to_dict()
 
 
-def test_a_version_5_config_places_media_by_mrope_alone():
-  """Version 6 added model.media_pos_embed: older checkpoints had no absolute embedding."""
+@pytest.mark.parametrize("version,name", [
+    (5, "media_pos_embed"),   # version 6: no absolute embedding before
+    (8, "patch_mixing")])     # version 9: each patch projected alone before
+def test_a_later_model_field_takes_the_value_older_runs_had(version, name):
+  """A model field added in version + 1 is "none" for a version's checkpoint: how that
+  version's code ran."""
   current = shapes.get_config("tiny")
-  saved = dict(config_upgrade.saved_form(current), config_version=5)
-  del saved["model"]["media_pos_embed"]
-  current.model.media_pos_embed = "none"
+  saved = dict(config_upgrade.saved_form(current), config_version=version)
+  del saved["model"][name]
+  current.model[name] = "none"
   assert config_upgrade.upgrade_config(saved).to_dict() == current.to_dict()
 
 
@@ -148,12 +152,3 @@ def test_a_version_7_shapes_config_draws_from_the_plan_text_alone():
     saved = dict(config_upgrade.saved_form(current), config_version=7)
     del saved["data"]["layout_canvas"]
     assert config_upgrade.upgrade_config(saved).to_dict() == current.to_dict(), name
-
-
-def test_a_version_8_config_projects_each_patch_alone():
-  """Version 9 added model.patch_mixing: older runs read no grid neighbours."""
-  current = shapes.get_config("tiny")
-  saved = dict(config_upgrade.saved_form(current), config_version=8)
-  del saved["model"]["patch_mixing"]
-  current.model.patch_mixing = "none"
-  assert config_upgrade.upgrade_config(saved).to_dict() == current.to_dict()
