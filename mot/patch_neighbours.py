@@ -58,9 +58,10 @@ def find(positions: Array, block_ids: Array, modality: Array) -> tuple[Array, Ar
                                        axis=2).reshape(index.shape)
   want = coords[:, :, None, :] + jnp.pad(steps, ((0, 0), (1, 0)))       # [B, L, 8, 3]
   same_place = jnp.stack([take(coords[..., a]) == want[..., a] for a in range(3)], -1)
+  # A block holds one medium, so a neighbour in the token's block shares its modality.
   spatial = jnp.isin(modality, jnp.asarray(SPATIAL)) & (block_ids > 0)
   valid = (inside & same_place.all(-1) & (take(block_ids) == block_ids[..., None])
-           & spatial[..., None] & take(spatial))
+           & spatial[..., None])
   return index, valid
 
 
