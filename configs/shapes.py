@@ -118,9 +118,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.model.dm_prediction = "x"        # the DM head predicts x0: a 192-wide patch is as wide as
                                      # the model, and a velocity head paints blocks there
                                      # (docs/results.md §6, docs/design.md §4)
-  c.model.patch_mixing = "neighbours"  # patches read and write their 3x3 grid neighbours:
-                                     # objects are no longer cut at patch borders (Fréchet
-                                     # 3.2x -> 2.1x its floor, seeds 0-2; docs/results.md §6)
+  c.model.patch_mixing = "neighbours"  # patches read and write their 3x3 grid neighbours,
+                                     # so objects are no longer cut at patch borders
+                                     # (docs/results.md §6 has the figures)
 
   # ---- Sampling defaults (sample.py, evaluation). ----
   c.sample.steps = 24                # denoising steps
