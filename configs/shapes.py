@@ -34,7 +34,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.variant = variant                # which variant of this file built the config
 
   # ---- Optimisation (whole run, evaluation included: docs/results.md §6). ----
-  c.num_train_steps = 1800           # total optimizer steps: the run fills about two thirds
+  c.num_train_steps = 1800           # total optimizer steps: the run fills about three quarters
                                      # of the 30-minute budget on 2 cores (docs/results.md §6)
   c.batch_size = 16                  # global batch in packed rows (8 examples a row)
   c.learning_rate = 2e-3             # peak AdamW learning rate
