@@ -562,3 +562,67 @@ def test_plan_follow_judges_plans_and_drawings_by_the_places():
   assert plan_follow.drawn_as_planned(" red circle 2 2, blue square 8 7", seen)  # one step off
   assert not plan_follow.drawn_as_planned(" red circle 3 1, blue square 8 7", seen)
   assert not plan_follow.drawn_as_planned(" red circle 1 1", seen)
+
+
+def test_denoise_probe_scores_a_perfect_and_a_broken_estimate():
+  from bench import denoise_probe
+  scene = np.zeros((32, 32, 3), np.uint8)
+  scene[4:13, 4:13] = (255, 0, 0)                  # a red square, 9 px
+  assert denoise_probe.score(scene, scene) == {"exact": 1.0, "unknown": 0.0, "error": 0.0}
+  broken = scene.copy()
+  broken[4:8, 4:13] = 0                            # its top rows gone: a 5 x 9 bar
+  got = denoise_probe.score(broken, scene)
+  assert got["exact"] == 0.0 and got["unknown"] == 1.0
+  assert got["error"] == pytest.approx(4 * 9 * 255 / (32 * 32 * 3))   # red: one channel of 3
+
+
+def test_denoise_probe_estimate_is_x_t_minus_t_v_and_images_round_trip():
+  from bench import denoise_probe
+  from mot import tokenizer
+  from mot.data import shapes_scene
+  from mot.data import shapes_tasks
+  from mot.model import MoT
+  from mot.model import inputs_from_batch
+  from tests._models import model_config
+  cfg = model_config(d_model=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+                     mlp_dim=64, patch_dim=48, modality_patch_dims=(0, 48, 48, 2),
+                     rope_sections=(2, 3, 3), time_embed_dim=32, dm_prediction="x")
+  options = shapes_tasks.ShapesTaskOptions(patch_size=4, patch_dim=48,
+                                           scene=shapes_scene.DEFAULT_OPTIONS,
+                                           tokenizer=tokenizer.BYTE_TOKENIZER)
+  image = np.zeros((8, 8, 3), np.uint8)
+  image[2:6, 1:5] = (255, 0, 0)
+  example = shapes_tasks.generation_example("a red square", image, options)  # 2 x 2 patches
+  noised = np.flatnonzero(example["dm_mask"] > 0)
+  assert (denoise_probe.to_image(example["patches"][noised], 4) == image).all()
+  model = MoT(cfg)
+  batch = {k: jnp.asarray(v)[None] for k, v in example.items()}
+  batch["segment_ids"] = jnp.ones_like(batch["tokens"])
+  params = model.init(jax.random.PRNGKey(0), inputs_from_batch(batch))["params"]
+  t = 0.3
+  x_t = (1 - t) * example["patches"][noised] + t * np.ones((4, 48), np.float32)
+  got = denoise_probe.estimate_fn(model)(params, batch, jnp.asarray(noised), jnp.asarray(x_t),
+                                         jnp.float32(t))
+  patches = batch["patches"].at[0, noised].set(x_t)
+  _, v, _ = model.apply({"params": params}, inputs_from_batch(
+      batch, patches, jnp.where(batch["dm_mask"] > 0, t, 0.0)))
+  np.testing.assert_allclose(np.asarray(got), x_t - t * np.asarray(v[0, noised]), rtol=1e-5,
+                             atol=1e-6)
+
+
+def test_generation_failures_sorts_each_scene_by_its_first_fault():
+  from bench import generation_failures as gf
+  from mot.data.shapes_scene import Scene
+  from mot.data.shapes_scene import SceneObject
+  red_square = SceneObject(2, 2, 9, 9, "red", "square")
+  blue_circle = SceneObject(2, 20, 9, 9, "blue", "circle")
+  blob = SceneObject(20, 2, 9, 9, "red", "unknown")
+  assert gf.fault("a red square", Scene((red_square,))) == "correct"
+  assert gf.fault("a red square", Scene((red_square, blob))) == "more objects"
+  assert gf.fault("two red squares", Scene((red_square,))) == "fewer objects"
+  assert gf.fault("a red square", Scene((blob,))) == "no shape"
+  assert gf.fault("a blue circle", Scene((red_square,))) == "wrong attribute"
+  assert gf.fault("a red square left of a blue circle",
+                  Scene((red_square, blue_circle))) == "correct"
+  assert gf.fault("a blue circle left of a red square",
+                  Scene((red_square, blue_circle))) == "wrong attribute"
