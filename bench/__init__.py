@@ -2,6 +2,20 @@
 from __future__ import annotations
 
 
+def noise_times(times: str, examples: int, bench: str) -> list[float]:
+  """The comma-separated noise times of a --times flag, checked with --examples; bad
+  values exit with one line that starts with `bench` (the benchmark's name)."""
+  import sys
+  try:
+    out = [float(t) for t in times.split(",")]
+    if examples < 1 or not all(0.0 < t <= 1.0 for t in out):
+      raise ValueError
+  except ValueError:
+    sys.exit(f"{bench}: --examples must be >= 1 and --times comma-separated numbers in "
+             f"(0, 1], got {examples}, {times!r}")
+  return out
+
+
 def load_pipeline(workdir: str | None, variant: str = "", seed: int = 0):
   """The checkpoint's Pipeline, or one of configs/digits.py:variant with random weights
   (drawn from numpy: compiling `init` costs more than the benchmark on a CPU)."""

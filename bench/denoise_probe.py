@@ -19,7 +19,6 @@ one (docs/results.md §6). Prints a markdown table (one row per t), then one JSO
 from __future__ import annotations
 
 import json
-import sys
 
 from absl import app
 from absl import flags
@@ -98,13 +97,7 @@ def measure(pipe, n: int, times: list[float], seed: int) -> dict[float, dict[str
 
 def main(argv) -> None:
   del argv
-  try:
-    times = [float(t) for t in FLAGS.times.split(",")]
-    if FLAGS.examples < 1 or not all(0.0 < t <= 1.0 for t in times):
-      raise ValueError(f"--examples must be >= 1 and --times in (0, 1], got "
-                       f"{FLAGS.examples}, {FLAGS.times!r}")
-  except ValueError as e:
-    sys.exit(f"denoise_probe: {e}")
+  times = bench.noise_times(FLAGS.times, FLAGS.examples, "denoise_probe")
   pipe = bench.load_shapes_pipeline(FLAGS.workdir, "denoise_probe")
   result = measure(pipe, FLAGS.examples, times, FLAGS.seed)
   print("| t | exact scene | blob of no shape | mean pixel error (0-255) |")

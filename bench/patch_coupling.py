@@ -16,7 +16,6 @@ Prints a markdown table (one row per t), then one JSON line with every figure.
 from __future__ import annotations
 
 import json
-import sys
 
 from absl import app
 from absl import flags
@@ -105,13 +104,7 @@ def measure(pipe, n: int, times: list[float], seed: int) -> dict[float, dict[str
 
 def main(argv) -> None:
   del argv
-  try:
-    times = [float(t) for t in FLAGS.times.split(",")]
-    if FLAGS.examples < 1 or not all(0.0 < t <= 1.0 for t in times):
-      raise ValueError(f"--examples must be >= 1 and --times in (0, 1], got "
-                       f"{FLAGS.examples}, {FLAGS.times!r}")
-  except ValueError as e:
-    sys.exit(f"patch_coupling: {e}")
+  times = bench.noise_times(FLAGS.times, FLAGS.examples, "patch_coupling")
   pipe = bench.load_shapes_pipeline(FLAGS.workdir, "patch_coupling")
   result = measure(pipe, FLAGS.examples, times, FLAGS.seed)
   print("| t | self | neighbour | far | self / neighbour |")

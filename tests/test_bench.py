@@ -408,8 +408,9 @@ def test_patch_coupling_summarises_self_neighbour_and_far_blocks():
       "far": np.mean([3, 6, 9, 12])}
 
 
-def test_patch_coupling_blocks_are_the_full_jacobian_cut_per_patch():
-  from bench import patch_coupling
+def _tiny_shapes_model_and_example():
+  """A one-layer x0 model and an 8x8 "a red square" caption -> image example (2 x 2
+  patches of 4 x 4): (model, params, example, batch, image)."""
   from mot import tokenizer
   from mot.data import shapes_scene
   from mot.data import shapes_tasks
@@ -429,6 +430,13 @@ def test_patch_coupling_blocks_are_the_full_jacobian_cut_per_patch():
   batch = {k: jnp.asarray(v)[None] for k, v in example.items()}
   batch["segment_ids"] = jnp.ones_like(batch["tokens"])
   params = model.init(jax.random.PRNGKey(0), inputs_from_batch(batch))["params"]
+  return model, params, example, batch, image
+
+
+def test_patch_coupling_blocks_are_the_full_jacobian_cut_per_patch():
+  from bench import patch_coupling
+  from mot.model import inputs_from_batch
+  model, params, example, batch, _ = _tiny_shapes_model_and_example()
   t = 0.7
   noise = np.random.default_rng(0).standard_normal((4, 48)).astype(np.float32)
   blocks = patch_coupling.coupling_blocks(model, params, example, t, noise)
@@ -578,27 +586,10 @@ def test_denoise_probe_scores_a_perfect_and_a_broken_estimate():
 
 def test_denoise_probe_estimate_is_x_t_minus_t_v_and_images_round_trip():
   from bench import denoise_probe
-  from mot import tokenizer
-  from mot.data import shapes_scene
-  from mot.data import shapes_tasks
-  from mot.model import MoT
   from mot.model import inputs_from_batch
-  from tests._models import model_config
-  cfg = model_config(d_model=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
-                     mlp_dim=64, patch_dim=48, modality_patch_dims=(0, 48, 48, 2),
-                     rope_sections=(2, 3, 3), time_embed_dim=32, dm_prediction="x")
-  options = shapes_tasks.ShapesTaskOptions(patch_size=4, patch_dim=48,
-                                           scene=shapes_scene.DEFAULT_OPTIONS,
-                                           tokenizer=tokenizer.BYTE_TOKENIZER)
-  image = np.zeros((8, 8, 3), np.uint8)
-  image[2:6, 1:5] = (255, 0, 0)
-  example = shapes_tasks.generation_example("a red square", image, options)  # 2 x 2 patches
+  model, params, example, batch, image = _tiny_shapes_model_and_example()
   noised = np.flatnonzero(example["dm_mask"] > 0)
   assert (denoise_probe.to_image(example["patches"][noised], 4) == image).all()
-  model = MoT(cfg)
-  batch = {k: jnp.asarray(v)[None] for k, v in example.items()}
-  batch["segment_ids"] = jnp.ones_like(batch["tokens"])
-  params = model.init(jax.random.PRNGKey(0), inputs_from_batch(batch))["params"]
   t = 0.3
   x_t = (1 - t) * example["patches"][noised] + t * np.ones((4, 48), np.float32)
   got = denoise_probe.estimate_fn(model)(params, batch, jnp.asarray(noised), jnp.asarray(x_t),
@@ -626,3 +617,12 @@ def test_generation_failures_sorts_each_scene_by_its_first_fault():
                   Scene((red_square, blue_circle))) == "correct"
   assert gf.fault("a blue circle left of a red square",
                   Scene((red_square, blue_circle))) == "wrong attribute"
+
+
+def test_noise_times_reads_the_flag_and_refuses_bad_values_in_one_line():
+  import bench
+  assert bench.noise_times("0.9,0.05", 8, "probe") == [0.9, 0.05]
+  for times, examples in (("0.5,1.5", 8), ("0,0.5", 8), ("half", 8), ("0.5", 0)):
+    with pytest.raises(SystemExit) as e:
+      bench.noise_times(times, examples, "probe")
+    assert str(e.value).startswith("probe: --examples must be >= 1") and "\n" not in str(e.value)
