@@ -18,6 +18,7 @@ one (docs/results.md §6). Prints a markdown table (one row per t), then one JSO
 """
 from __future__ import annotations
 
+import functools
 import json
 
 from absl import app
@@ -27,11 +28,11 @@ import jax.numpy as jnp
 import numpy as np
 
 import bench
-from bench.patch_coupling import examples_for
+from bench import patch_coupling
+from mot import eval_shapes
 from mot import patches
 from mot import shapes_detector
 from mot.data import shapes_scene
-from mot.model import inputs_from_batch
 
 FLAGS = flags.FLAGS
 
@@ -45,24 +46,17 @@ def define_flags() -> None:
 
 
 def estimate_fn(model):
-  """Jitted (params, batch, noised, x_t, t) -> x0_hat [N, P] at the noised tokens
-  `noised` of the one-row `batch` whose image patches are set to x_t."""
-  @jax.jit
-  def estimate(params, batch, noised, x_t, t):
-    times = jnp.where(batch["dm_mask"] > 0, t, 0.0)
-    patches_in = batch["patches"].at[0, noised].set(x_t)
-    _, velocity, _ = model.apply({"params": params},
-                                 inputs_from_batch(batch, patches=patches_in, timesteps=times))
-    return x_t - t * velocity[0, noised]
-  return estimate
+  """Jitted (params, batch, noised, x_t, t) -> `patch_coupling.clean_estimate`."""
+  return jax.jit(functools.partial(patch_coupling.clean_estimate, model))
 
 
 def to_image(tokens: np.ndarray, patch_size: int) -> np.ndarray:
-  """Model-scale RGB patches [N, >= p*p*3] of a square grid -> uint8 [S, S, 3]."""
+  """Model-scale RGB patches [N, >= p*p*3] of a square grid -> uint8 [S, S, 3], rounded
+  as a sample's PNG is (`eval_shapes.to_uint8`)."""
   grid = int(round(np.sqrt(tokens.shape[0])))
   rgb = np.asarray(tokens)[:, :patch_size * patch_size * 3].reshape(grid, grid, -1)
-  unit = (np.clip(patches.from_patches(rgb, patch_size, 3), -1.0, 1.0) + 1.0) / 2.0
-  return np.clip(np.round(unit * 255.0), 0, 255).astype(np.uint8)
+  return eval_shapes.to_uint8((np.clip(patches.from_patches(rgb, patch_size, 3), -1.0, 1.0)
+                               + 1.0) / 2.0)
 
 
 def score(estimate: np.ndarray, truth: np.ndarray) -> dict[str, float]:
@@ -78,13 +72,12 @@ def measure(pipe, n: int, times: list[float], seed: int) -> dict[float, dict[str
   p = int(pipe.config.data.patch_size)
   rng = np.random.default_rng(seed)
   estimate = estimate_fn(pipe.model)
-  examples = examples_for(pipe, n)
+  examples = patch_coupling.examples_for(pipe, n)
   result = {}
   for t in times:
     rows = []
     for example in examples:
-      batch = {k: jnp.asarray(v)[None] for k, v in example.items()}
-      batch["segment_ids"] = jnp.ones_like(batch["tokens"])
+      batch = patch_coupling.one_row_batch(example)
       noised = np.flatnonzero(example["dm_mask"] > 0)
       x0 = np.asarray(example["patches"])[noised]
       x_t = (1.0 - t) * x0 + t * rng.standard_normal(x0.shape).astype(np.float32)

@@ -43,28 +43,36 @@ def coupling_blocks(model, params, example: dict, t: float, noise: np.ndarray,
   """float [N, N]: Frobenius norm of d x0_hat[i] / d x_t[j] over the N noised patches.
 
   `jacobian` is `jacobian_fn(model)`'s function, to reuse its compilations across calls."""
-  batch = {k: jnp.asarray(v)[None] for k, v in example.items()}
-  batch["segment_ids"] = jnp.ones_like(batch["tokens"])
+  batch = one_row_batch(example)
   noised = jnp.asarray(np.flatnonzero(example["dm_mask"] > 0))
   x_t = (1.0 - t) * batch["patches"][0, noised] + t * jnp.asarray(noise)
   jac = (jacobian or jacobian_fn(model))(params, batch, noised, x_t, jnp.float32(t))
   return np.sqrt(np.asarray(jnp.sum(jnp.square(jac), axis=(1, 3))))
 
 
+def one_row_batch(example: dict) -> dict:
+  """One example as a batch of one row (its own segment), as the model takes it."""
+  batch = {k: jnp.asarray(v)[None] for k, v in example.items()}
+  batch["segment_ids"] = jnp.ones_like(batch["tokens"])
+  return batch
+
+
+def clean_estimate(model, params, batch, noised, x_t, t):
+  """x0_hat = x_t - t * v(x_t) [N, P] at the noised tokens `noised` of the one-row
+  `batch`, its image patches set to x_t and noised to time t (traceable)."""
+  times = jnp.where(batch["dm_mask"] > 0, t, 0.0)
+  patches = batch["patches"].at[0, noised].set(x_t)
+  _, velocity, _ = model.apply({"params": params},
+                               inputs_from_batch(batch, patches=patches, timesteps=times))
+  return x_t - t * velocity[0, noised]
+
+
 def jacobian_fn(model):
-  """Jitted (params, batch, noised, x_t, t) -> d x0_hat / d x_t [N, P, N, P], where
-  x0_hat = x_t - t * v(x_t) at the noised tokens `noised` of the one-row `batch`."""
+  """Jitted (params, batch, noised, x_t, t) -> d x0_hat / d x_t [N, P, N, P] of
+  `clean_estimate`."""
   @jax.jit
   def jacobian(params, batch, noised, x_t, t):
-    times = jnp.where(batch["dm_mask"] > 0, t, 0.0)
-
-    def clean_estimate(x_image):
-      patches = batch["patches"].at[0, noised].set(x_image)
-      _, velocity, _ = model.apply({"params": params},
-                                   inputs_from_batch(batch, patches=patches, timesteps=times))
-      return x_image - t * velocity[0, noised]
-
-    return jax.jacrev(clean_estimate)(x_t)
+    return jax.jacrev(lambda x: clean_estimate(model, params, batch, noised, x, t))(x_t)
   return jacobian
 
 
