@@ -10,7 +10,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # controller before it starts its workers, so they share it; inherited by the training
 # subprocesses): the same tiny programs are compiled once instead of once per process.
 import tempfile  # noqa: E402
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="mot-jax-cache-"))
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # workers inherit the controller's
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="mot-jax-cache-")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # The suite compiles hundreds of small programs and runs each a few times: XLA's LLVM
 # optimisations are most of its time on 2 cores and change no semantics (train.py and the
