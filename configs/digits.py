@@ -47,7 +47,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                                      # one token in ~25 AR targets: 3 makes reading keep up)
   c.ar_label_smoothing = 0.0         # label smoothing of the AR targets while training (the
                                      # logged ar_loss stays the plain cross-entropy)
-  c.dm_loss_weight = 1.0             # lambda: weight of the velocity MSE
+  c.dm_loss_weight = 1.0             # lambda: weight of the DM loss
+  c.dm_loss_space = "velocity"       # the DM loss's squared error: of the velocity, or of
+                                     # the clean estimate x0 = x_t - t v ("x0": t^2 times
+                                     # the velocity error, so high noise weighs more)
   c.cond_drop_prob = 0.1             # P(caption blanked) per example, for CFG
   c.timestep_logit_mean = 0.0        # logit-normal timestep sampling (SD3): mean
   c.timestep_logit_std = 1.0         # ... and standard deviation

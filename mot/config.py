@@ -23,6 +23,7 @@ MATMUL_DTYPES = ("float32", "bfloat16", "float16")   # besides "same"
 DM_PREDICTIONS = ("velocity", "x")   # what the DM head's linear map outputs
 MEDIA_POS_EMBEDS = ("none", "sincos")  # absolute positions of media tokens (mot.media_positions)
 PATCH_MIXINGS = ("none", "neighbours")  # grid neighbours read and written (mot.patch_neighbours)
+DM_LOSS_SPACES = ("velocity", "x0")  # what the DM loss's squared error measures (mot.step)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,6 +235,9 @@ def validate_training(config: Any) -> None:
          f"config.ar_label_smoothing={smoothing!r} must be in [0, 1): e.g. 0.1")
   _check(field(config, "dm_loss_weight") >= 0,
          f"config.dm_loss_weight={config.dm_loss_weight} must be >= 0")
+  _check(field(config, "dm_loss_space") in DM_LOSS_SPACES,
+         f"config.dm_loss_space={config.dm_loss_space!r} is unknown: use one of "
+         f"{DM_LOSS_SPACES}")
   per_digit = field(config, "eval_samples_per_digit")
   _check(_is_int(per_digit) and per_digit >= 0,
          f"config.eval_samples_per_digit={per_digit!r} must be an integer >= 0 (0 turns the "

@@ -15,7 +15,7 @@ import ml_collections
 
 from mot.errors import CheckpointError
 
-CONFIG_VERSION = 9
+CONFIG_VERSION = 10
 VERSION_KEY = "config_version"
 
 # Fields read before version 1 with a fallback when a config lacked them: the fallback is
@@ -174,9 +174,20 @@ def _upgrade_to_v9(config: dict) -> None:
   _fill(config.setdefault("model", {}), _V9_MODEL)
 
 
+# Version 10 let the DM loss be measured on the clean estimate x0 (dm_loss_space); every
+# earlier run measured it on the velocity.
+_V10_TOP = {"dm_loss_space": "velocity"}
+
+
+def _upgrade_to_v10(config: dict) -> None:
+  """Version 9 -> 10: dm_loss_space ("velocity")."""
+  _fill(config, _V10_TOP)
+
+
 _UPGRADES = {0: _upgrade_to_v1, 1: _upgrade_to_v2, 2: _upgrade_to_v3,
              3: _upgrade_to_v4, 4: _upgrade_to_v5, 5: _upgrade_to_v6,
-             6: _upgrade_to_v7, 7: _upgrade_to_v8, 8: _upgrade_to_v9}   # v -> v + 1
+             6: _upgrade_to_v7, 7: _upgrade_to_v8, 8: _upgrade_to_v9,
+             9: _upgrade_to_v10}   # v -> v + 1
 
 
 def saved_form(config: ml_collections.ConfigDict) -> dict[str, Any]:

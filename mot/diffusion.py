@@ -46,10 +46,19 @@ def velocity_target(x0: Array, noise: Array) -> Array:
   return noise - x0
 
 
-def velocity_loss(pred: Array, target: Array, token_mask: Array, dim_mask: Array) -> Array:
-  """Mean squared error over noised tokens and each token's valid patch dims."""
+def velocity_loss(pred: Array, target: Array, token_mask: Array, dim_mask: Array,
+                  t: Array | None = None) -> Array:
+  """Mean squared error over noised tokens and each token's valid patch dims.
+
+  With `t` (float [B, L]) the error is of the clean estimate x0 = x_t - t v instead: its
+  error is t times the velocity's, so each token's squared error is weighted by t^2. The
+  mean stays over the same tokens and dims, so a loss of 0 means the same in both spaces.
+  """
   w = token_mask[..., None] * dim_mask
-  return jnp.sum(w * jnp.square(pred - target)) / jnp.maximum(jnp.sum(w), 1.0)
+  error = jnp.square(pred - target)
+  if t is not None:
+    error = error * jnp.square(t)[..., None]
+  return jnp.sum(w * error) / jnp.maximum(jnp.sum(w), 1.0)
 
 
 def time_grid(steps: int, shift: float = 1.0) -> Array:

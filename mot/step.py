@@ -158,7 +158,8 @@ def compute_losses(params, batch, rng, model: MoT, config, train: bool = True):
     ar_objective = label_smoothed(ar_loss, logits, ar_w, smoothing)
   # dm_mask is each noised token's loss weight (1, or e.g. a clip's first frame's).
   dm_loss = diffusion.velocity_loss(velocity, diffusion.velocity_target(x0, noise),
-                                    batch["dm_mask"], dims)
+                                    batch["dm_mask"], dims,
+                                    t if config.dm_loss_space == "x0" else None)
   total = config.ar_loss_weight * ar_objective + config.dm_loss_weight * dm_loss
   # ar_loss stays the plain cross-entropy, so runs with and without smoothing compare.
   return total, {"loss": total, "ar_loss": ar_loss, "dm_loss": dm_loss}

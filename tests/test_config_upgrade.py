@@ -152,3 +152,14 @@ def test_a_version_7_shapes_config_draws_from_the_plan_text_alone():
     saved = dict(config_upgrade.saved_form(current), config_version=7)
     del saved["data"]["layout_canvas"]
     assert config_upgrade.upgrade_config(saved).to_dict() == current.to_dict(), name
+
+
+def test_a_version_9_config_keeps_the_velocity_loss():
+  """Version 10 added dm_loss_space: every earlier run measured the loss on the velocity."""
+  current = shapes.get_config("tiny")
+  saved = dict(config_upgrade.saved_form(current), config_version=9)
+  del saved["dm_loss_space"]
+  assert config_upgrade.upgrade_config(saved).to_dict() == current.to_dict()
+  current.dm_loss_space = "x0"              # a current run's choice is kept as saved
+  saved = config_upgrade.saved_form(current)
+  assert config_upgrade.upgrade_config(saved).dm_loss_space == "x0"

@@ -108,6 +108,51 @@ def test_label_smoothing_changes_the_objective_not_the_logged_ar_loss(tiny_confi
   assert abs(float(total2) - float(total0)) > 1e-4
 
 
+def test_the_x0_loss_is_the_squared_error_of_the_clean_estimate():
+  """dm_loss_space="x0": x_t - t v_pred against x0, over the same tokens and dims."""
+  from mot import diffusion
+  rng = np.random.default_rng(0)
+  x0, noise, pred = (rng.normal(size=(2, 5, 6)).astype(np.float32) for _ in range(3))
+  t = rng.uniform(0.05, 1.0, size=(2, 5)).astype(np.float32)
+  tokens = np.array([[1, 1, 0, 1, 1], [0, 1, 1, 1, 0]], np.float32)
+  dims = np.array([1, 1, 1, 1, 0, 0], np.float32)
+  x_t = diffusion.add_noise(x0, noise, t)
+  x0_hat = x_t - t[..., None] * pred
+  w = tokens[..., None] * dims
+  want = np.sum(w * (x0_hat - x0) ** 2) / np.sum(w)
+  target = diffusion.velocity_target(x0, noise)
+  got = diffusion.velocity_loss(pred, target, tokens, dims, t)
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  velocity = diffusion.velocity_loss(pred, target, tokens, dims)
+  np.testing.assert_allclose(velocity, np.sum(w * (pred - target) ** 2) / np.sum(w), rtol=1e-5)
+
+
+def test_dm_loss_space_x0_changes_only_the_dm_loss(tiny_config):
+  import jax
+  import pytest
+  from mot import model as model_lib
+  from mot.config import ConfigError, validate
+  from mot.data import input_pipeline
+  cfg = validate(tiny_config)
+  model = model_lib.MoT(cfg)
+  batch = next(iter(input_pipeline.make_train_dataset(tiny_config.data, 0, 4)))
+  batch = jax.tree.map(np.asarray, batch)
+  params = model.init(jax.random.PRNGKey(0), model_lib.inputs_from_batch(batch))["params"]
+  out = {}
+  for space in ("velocity", "x0"):
+    tiny_config.dm_loss_space = space
+    validate(tiny_config)
+    out[space] = step_lib.compute_losses(params, batch, jax.random.PRNGKey(1), model,
+                                         tiny_config)[1]
+  np.testing.assert_allclose(out["x0"]["ar_loss"], out["velocity"]["ar_loss"], rtol=1e-6)
+  # Each token's error is weighted by t^2 < 1: the same draws give a smaller loss.
+  assert 0 < float(out["x0"]["dm_loss"]) < 0.9 * float(out["velocity"]["dm_loss"])
+  tiny_config.dm_loss_space = "eps"
+  with pytest.raises(ConfigError, match="dm_loss_space='eps' is unknown") as e:
+    validate(tiny_config)
+  assert "\n" not in str(e.value)
+
+
 def test_resume_check_takes_a_missing_validation_size_as_0_and_refuses_another(tmp_path):
   # A checkpoint written before data.validation_size existed trained on all 1,500 digits,
   # i.e. validation_size 0: it resumes. One trained with another split is refused.
