@@ -88,21 +88,27 @@ def test_label_smoothing_matches_the_one_hot_soft_target_cross_entropy():
   assert want > plain  # the uniform term costs something when the logits are peaked
 
 
-def test_label_smoothing_changes_the_objective_not_the_logged_ar_loss(tiny_config):
+def losses_of(config, field, values):
+  """compute_losses' (total, metrics) for each value of config.FIELD: one tiny model,
+  batch and random draw, so only the field differs."""
   import jax
   from mot import model as model_lib
   from mot.config import validate
   from mot.data import input_pipeline
-  cfg = validate(tiny_config)
-  model = model_lib.MoT(cfg)
-  batch = next(iter(input_pipeline.make_train_dataset(tiny_config.data, 0, 4)))
+  model = model_lib.MoT(validate(config))
+  batch = next(iter(input_pipeline.make_train_dataset(config.data, 0, 4)))
   batch = jax.tree.map(np.asarray, batch)
   params = model.init(jax.random.PRNGKey(0), model_lib.inputs_from_batch(batch))["params"]
   out = {}
-  for s in (0.0, 0.2):
-    tiny_config.ar_label_smoothing = s
-    out[s] = step_lib.compute_losses(params, batch, jax.random.PRNGKey(1), model,
-                                      tiny_config)
+  for value in values:
+    config[field] = value
+    validate(config)
+    out[value] = step_lib.compute_losses(params, batch, jax.random.PRNGKey(1), model, config)
+  return out
+
+
+def test_label_smoothing_changes_the_objective_not_the_logged_ar_loss(tiny_config):
+  out = losses_of(tiny_config, "ar_label_smoothing", (0.0, 0.2))
   (total0, m0), (total2, m2) = out[0.0], out[0.2]
   np.testing.assert_allclose(m0["ar_loss"], m2["ar_loss"], rtol=1e-6)
   assert abs(float(total2) - float(total0)) > 1e-4
@@ -128,22 +134,9 @@ def test_the_x0_loss_is_the_squared_error_of_the_clean_estimate():
 
 
 def test_dm_loss_space_x0_changes_only_the_dm_loss(tiny_config):
-  import jax
   import pytest
-  from mot import model as model_lib
   from mot.config import ConfigError, validate
-  from mot.data import input_pipeline
-  cfg = validate(tiny_config)
-  model = model_lib.MoT(cfg)
-  batch = next(iter(input_pipeline.make_train_dataset(tiny_config.data, 0, 4)))
-  batch = jax.tree.map(np.asarray, batch)
-  params = model.init(jax.random.PRNGKey(0), model_lib.inputs_from_batch(batch))["params"]
-  out = {}
-  for space in ("velocity", "x0"):
-    tiny_config.dm_loss_space = space
-    validate(tiny_config)
-    out[space] = step_lib.compute_losses(params, batch, jax.random.PRNGKey(1), model,
-                                         tiny_config)[1]
+  out = {k: v[1] for k, v in losses_of(tiny_config, "dm_loss_space", ("velocity", "x0")).items()}
   np.testing.assert_allclose(out["x0"]["ar_loss"], out["velocity"]["ar_loss"], rtol=1e-6)
   # Each token's error is weighted by t^2 < 1: the same draws give a smaller loss.
   assert 0 < float(out["x0"]["dm_loss"]) < 0.9 * float(out["velocity"]["dm_loss"])
